@@ -1,0 +1,61 @@
+//! Errors of the storage engine and stream service. The HTTP edge maps each variant
+//! to a status code in exactly one place (`picomq-http`'s `error` module).
+
+use crate::offset::Offset;
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("stream not found")]
+    NotFound,
+    #[error("stream was deleted but still has forks reading its data")]
+    Gone,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("content type {got:?} does not match the stream's {expected:?}")]
+    ContentTypeMismatch { expected: String, got: String },
+    #[error("stream is closed")]
+    StreamClosed { tail: Offset },
+    #[error("Stream-Seq {got:?} is not greater than the last one, {last:?}")]
+    StreamSeqConflict { last: String, got: String },
+    #[error("producer epoch {got} is older than the current epoch {current}")]
+    ProducerStaleEpoch { current: u64, got: u64 },
+    #[error("a new producer epoch must start at Producer-Seq 0")]
+    ProducerEpochMustStartAtZero,
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    ProducerSeqGap { expected: u64, received: u64 },
+    #[error("fork source stream not found")]
+    ForkSourceNotFound,
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        EngineError::BadRequest(msg.into())
+    }
+    pub fn conflict(msg: impl Into<String>) -> Self {
+        EngineError::Conflict(msg.into())
+    }
+}
+
+impl From<sqlx::Error> for EngineError {
+    fn from(e: sqlx::Error) -> Self {
+        EngineError::Internal(format!("metadata store: {e}"))
+    }
+}
+
+impl From<object_store::Error> for EngineError {
+    fn from(e: object_store::Error) -> Self {
+        EngineError::Unavailable(format!("object store: {e}"))
+    }
+}

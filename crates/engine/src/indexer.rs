@@ -1,0 +1,59 @@
+//! The indexer: applies durable WAL objects to the metadata store, in log order and
+//! off the acknowledgement path, then tells each stream its ops are indexed (which
+//! lets its tail cache shrink and lets it go dormant).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::meta::Meta;
+use crate::wal::FlushedObject;
+
+/// Objects applied in one metadata transaction, at most.
+const BATCH_OBJECTS_MAX: usize = 64;
+
+pub struct IndexerProgress {
+    /// Objects of this incarnation applied so far.
+    pub applied: watch::Receiver<u64>,
+    pub failures: Arc<AtomicU64>,
+}
+
+pub fn spawn(meta: Meta, mut rx: mpsc::Receiver<FlushedObject>) -> (JoinHandle<()>, IndexerProgress) {
+    let (applied_tx, applied) = watch::channel(0u64);
+    let failures = Arc::new(AtomicU64::new(0));
+    let failures_task = failures.clone();
+    let task = tokio::spawn(async move {
+        let mut batch = Vec::with_capacity(BATCH_OBJECTS_MAX);
+        while let Some(first) = rx.recv().await {
+            batch.push(first);
+            while batch.len() < BATCH_OBJECTS_MAX {
+                match rx.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            // The objects are durable; the index must follow. Retry until it does.
+            let mut backoff = Duration::from_millis(10);
+            while let Err(e) = meta.apply(&batch).await {
+                failures_task.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "indexing WAL objects failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            for object in &batch {
+                for chunk in &object.chunks {
+                    if let (Some(listener), Some((last_op, _))) = (&chunk.listener, chunk.ops.last()) {
+                        listener.on_indexed(*last_op);
+                    }
+                }
+            }
+            let n = batch.len() as u64;
+            applied_tx.send_modify(|a| *a += n);
+            batch.clear();
+        }
+    });
+    (task, IndexerProgress { applied, failures })
+}

@@ -1,0 +1,23 @@
+//! PicoMQ's storage engine and stream service: durable streams whose every record
+//! lives in object storage, written through a group-commit WAL.
+//!
+//! Layers, top to bottom: `stream` (registry, sequencers, reads), `wal` + `indexer` +
+//! `recovery` (the storage engine), `store` + `meta` (backends).
+
+pub mod config;
+pub mod error;
+pub mod indexer;
+pub mod meta;
+pub mod offset;
+pub mod recovery;
+pub mod store;
+pub mod stream;
+pub mod wal;
+
+pub use config::{EngineConfig, WalConfig};
+pub use error::{EngineError, Result};
+pub use offset::{Offset, OffsetError, OffsetQuery};
+pub use stream::{
+    AppendOutcome, AppendRequest, CreateRequest, Engine, ForkRequest, ProducerHeaders, ReadChunk, StreamInfo,
+    StreamRef, WaitOutcome,
+};

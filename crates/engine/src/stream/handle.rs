@@ -1,0 +1,270 @@
+//! One active stream in memory: its immutable configuration, the sequencer state
+//! (assigned offsets, producers, close), the durable view readers and waiters see,
+//! and the tail cache of recent durable records.
+//!
+//! Lock discipline: `state` is a short, synchronous lock, never held across an
+//! await. The WAL calls back (`on_durable`, `on_indexed`) in log order.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::producer::ProducerState;
+use crate::offset::Offset;
+use crate::wal::format::{ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START};
+use crate::wal::DurableListener;
+
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    pub id: u64,
+    pub name: String,
+    pub content_type: String,
+    /// `application/json`: records are messages, reads return JSON arrays.
+    pub json: bool,
+    pub created_ms: u64,
+    pub ttl_secs: Option<u64>,
+    pub expires_at: Option<String>,
+    pub expires_at_ms: Option<u64>,
+    pub fork: Option<ForkOrigin>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Live,
+    /// Deleted by its owner but kept for its forks: 410 to clients.
+    SoftDeleted,
+    Deleted,
+}
+
+/// What is durable, as readers and waiters see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DurableView {
+    /// Last durable sequencer op.
+    pub op: u64,
+    pub tail: Offset,
+    pub closed: bool,
+    pub lifecycle: Lifecycle,
+    /// This handle left memory; re-resolve the stream by name.
+    pub evicted: bool,
+}
+
+pub struct State {
+    /// Next sequencer op number; ops `1..next_op` were submitted.
+    pub next_op: u64,
+    /// Tail including ops not yet durable.
+    pub tail: Offset,
+    pub closed: bool,
+    pub closed_by: Option<ProducerStamp>,
+    pub close_op: u64,
+    pub stream_seq: Option<String>,
+    pub producers: HashMap<String, ProducerState>,
+    pub lifecycle: Lifecycle,
+    pub evicted: bool,
+    pub last_ts_ms: u64,
+    cache: VecDeque<Cached>,
+    cache_bytes: usize,
+    /// The cache holds every durable record from here to the durable tail.
+    cache_floor: Offset,
+    indexed_op: u64,
+}
+
+struct Cached {
+    start: Offset,
+    op_no: u64,
+    record: Record,
+}
+
+pub struct StreamHandle {
+    pub config: StreamConfig,
+    state: Mutex<State>,
+    durable: watch::Sender<DurableView>,
+    last_access_ms: AtomicU64,
+    cache_bytes_max: usize,
+}
+
+/// Durable records copied out of the cache for one read.
+pub struct CachedRead {
+    pub segments: Vec<Bytes>,
+    /// Flags of each segment's record (a sliced record keeps its flags).
+    pub flags: Vec<u8>,
+    pub end: Offset,
+}
+
+impl StreamHandle {
+    /// A handle for a stream whose durable state is `tail`/`closed` (loaded or new).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: StreamConfig,
+        tail: Offset,
+        closed: bool,
+        closed_by: Option<ProducerStamp>,
+        stream_seq: Option<String>,
+        producers: HashMap<String, ProducerState>,
+        lifecycle: Lifecycle,
+        last_access_ms: u64,
+        cache_bytes_max: usize,
+    ) -> StreamHandle {
+        let (durable, _) = watch::channel(DurableView { op: 0, tail, closed, lifecycle, evicted: false });
+        StreamHandle {
+            config,
+            state: Mutex::new(State {
+                next_op: 1,
+                tail,
+                closed,
+                closed_by,
+                close_op: 0,
+                stream_seq,
+                producers,
+                lifecycle,
+                evicted: false,
+                last_ts_ms: 0,
+                cache: VecDeque::new(),
+                cache_bytes: 0,
+                cache_floor: tail,
+                indexed_op: 0,
+            }),
+            durable,
+            last_access_ms: AtomicU64::new(last_access_ms),
+            cache_bytes_max,
+        }
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("stream state lock")
+    }
+
+    pub fn view(&self) -> DurableView {
+        *self.durable.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<DurableView> {
+        self.durable.subscribe()
+    }
+
+    pub fn touch(&self, now_ms: u64) {
+        self.last_access_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn last_access_ms(&self) -> u64 {
+        self.last_access_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        if self.config.expires_at_ms.is_some_and(|at| now_ms >= at) {
+            return true;
+        }
+        self.config.ttl_secs.is_some_and(|ttl| now_ms >= self.last_access_ms().saturating_add(ttl * 1000))
+    }
+
+    /// Drops the handle from memory if nothing is pending, indexed or waiting.
+    /// Called by the registry sweeper with the registry lock held.
+    pub fn try_evict(&self, idle_since_ms: u64) -> bool {
+        let mut st = self.lock();
+        let settled = st.next_op - 1 == self.durable.borrow().op && st.indexed_op + 1 >= st.next_op;
+        let idle = self.last_access_ms() <= idle_since_ms && self.durable.receiver_count() == 0;
+        if settled && idle && !st.evicted {
+            st.evicted = true;
+            self.durable.send_modify(|v| v.evicted = true);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// True once every submitted op is durable and indexed.
+    pub fn settled(&self) -> bool {
+        let st = self.lock();
+        st.next_op - 1 == self.durable.borrow().op && st.indexed_op + 1 >= st.next_op
+    }
+
+    /// Durable records in `[from, until)` from the cache, at most about `max_bytes`
+    /// (always at least one record). `None` when `from` is below what the cache holds.
+    /// `split_records`: a record may be cut at `max_bytes` (byte streams, not JSON).
+    pub fn read_cached(
+        &self,
+        from: Offset,
+        until: Offset,
+        max_bytes: usize,
+        split_records: bool,
+    ) -> Option<CachedRead> {
+        let st = self.lock();
+        if from < st.cache_floor {
+            return None;
+        }
+        let mut out = CachedRead { segments: Vec::new(), flags: Vec::new(), end: from };
+        // First record that ends after `from`.
+        let first = st.cache.partition_point(|c| c.start.0 + c.record.data.len() as u64 <= from.0);
+        let mut taken = 0usize;
+        for c in st.cache.iter().skip(first) {
+            if c.start >= until || (taken >= max_bytes && !out.segments.is_empty()) {
+                break;
+            }
+            let len = c.record.data.len() as u64;
+            let lo = from.0.max(c.start.0) - c.start.0;
+            let mut hi = (until.0.min(c.start.0 + len)) - c.start.0;
+            if split_records {
+                hi = hi.min(lo + (max_bytes - taken).max(1) as u64);
+            }
+            let piece = c.record.data.slice(lo as usize..hi as usize);
+            taken += piece.len();
+            out.end = Offset(c.start.0 + hi);
+            out.segments.push(piece);
+            out.flags.push(if lo == 0 { c.record.flags } else { c.record.flags & !RECORD_BATCH_START });
+        }
+        Some(out)
+    }
+}
+
+impl DurableListener for StreamHandle {
+    fn on_durable(&self, op_no: u64, op: &Op) {
+        let mut st = self.lock();
+        let mut tail = None;
+        let mut close = false;
+        let mut lifecycle = None;
+        match op {
+            Op::Create(_) => {}
+            Op::Append(a) => {
+                let mut pos = a.start;
+                for record in &a.records {
+                    st.cache_bytes += record.data.len();
+                    st.cache.push_back(Cached { start: pos, op_no, record: record.clone() });
+                    pos = pos.advance(record.data.len() as u64);
+                }
+                tail = Some(pos);
+                close = a.close;
+            }
+            Op::Delete { soft } => {
+                lifecycle = Some(if *soft { Lifecycle::SoftDeleted } else { Lifecycle::Deleted });
+            }
+        }
+        // Published under the state lock so no other update interleaves.
+        self.durable.send_modify(|v| {
+            v.op = op_no;
+            if let Some(tail) = tail {
+                v.tail = tail;
+            }
+            v.closed |= close;
+            if let Some(l) = lifecycle {
+                v.lifecycle = l;
+            }
+        });
+        drop(st);
+    }
+
+    fn on_indexed(&self, op_no: u64) {
+        let mut st = self.lock();
+        st.indexed_op = st.indexed_op.max(op_no);
+        while st.cache_bytes > self.cache_bytes_max {
+            let Some(front) = st.cache.front() else { break };
+            if front.op_no > st.indexed_op {
+                break;
+            }
+            let front = st.cache.pop_front().expect("front exists");
+            st.cache_bytes -= front.record.data.len();
+            st.cache_floor = front.start.advance(front.record.data.len() as u64);
+        }
+    }
+}

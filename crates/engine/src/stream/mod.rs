@@ -1,0 +1,1106 @@
+//! The stream service: the registry of names and one sequencer per active stream.
+//! It validates requests against stream state (producers, Stream-Seq, close, content
+//! type), assigns offsets, hands ops to the WAL and waits for durability outside any
+//! lock, so pipelined appends on one stream share flushes. Reads come from the tail
+//! cache or, for older data, from the object store through the index.
+
+pub mod handle;
+pub mod producer;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use self::handle::{DurableView, Lifecycle, StreamConfig, StreamHandle};
+use self::producer::{ProducerState, Verdict};
+use self::registry::Registry;
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::indexer::{self, IndexerProgress};
+use crate::meta::{Meta, StreamRow};
+use crate::offset::Offset;
+use crate::wal::format::{self, AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START};
+use crate::wal::{Submission, Wal, WalStats};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The media type of a Content-Type value: lowercased, parameters dropped.
+pub fn media_type(content_type: &str) -> String {
+    content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+}
+
+/// Parses an RFC 3339 timestamp into milliseconds since the Unix epoch.
+pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
+    let t = time::OffsetDateTime::parse(s.trim(), &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
+#[derive(Clone, Debug)]
+pub struct ForkRequest {
+    pub source: String,
+    pub offset: Option<Offset>,
+    pub sub_offset: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CreateRequest {
+    pub name: String,
+    /// `None`: `application/octet-stream`, or the source's type for a fork.
+    pub content_type: Option<String>,
+    pub ttl_secs: Option<u64>,
+    pub expires_at: Option<String>,
+    pub closed: bool,
+    pub fork: Option<ForkRequest>,
+    pub body: Bytes,
+}
+
+#[derive(Clone, Debug)]
+pub struct StreamInfo {
+    pub id: u64,
+    pub name: String,
+    pub content_type: String,
+    pub tail: Offset,
+    pub closed: bool,
+    pub ttl_secs: Option<u64>,
+    pub expires_at: Option<String>,
+    pub created_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProducerHeaders {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct AppendRequest {
+    pub name: String,
+    pub content_type: Option<String>,
+    pub body: Bytes,
+    pub close: bool,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerHeaders>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Written (or, for close-only, closed). `producer_seq` echoes the accepted seq.
+    Appended { tail: Offset, closed: bool, producer: Option<(u64, u64)> },
+    /// Already written by an earlier request with the same producer stamp.
+    Duplicate { tail: Offset, closed: bool, epoch: u64, last_seq: u64 },
+}
+
+/// One catch-up read.
+pub struct ReadChunk {
+    pub segments: Vec<Bytes>,
+    /// Per segment: does it start a new append (JSON batches span several records)?
+    pub flags: Vec<u8>,
+    pub next: Offset,
+    /// The read reached the durable tail.
+    pub up_to_date: bool,
+    /// Closed, and the read reached the final offset.
+    pub closed: bool,
+    pub json: bool,
+}
+
+pub enum WaitOutcome {
+    /// Data past the offset is durable (or the stream closed).
+    Ready,
+    TimedOut,
+}
+
+pub struct EngineStats {
+    pub wal: Arc<WalStats>,
+    pub active_streams: usize,
+    pub index_failures: u64,
+}
+
+struct Inner {
+    config: EngineConfig,
+    store: Arc<dyn ObjectStore>,
+    meta: Meta,
+    wal: Wal,
+    registry: Registry,
+    next_id: AtomicU64,
+    /// Serializes deletes and fork creation, which must agree on fork counts.
+    lifecycle: tokio::sync::Mutex<()>,
+    indexer: IndexerProgress,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    epoch: u64,
+}
+
+/// The storage engine and stream service of one node.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// A resolved, active stream.
+#[derive(Clone)]
+pub struct StreamRef {
+    pub handle: Arc<StreamHandle>,
+}
+
+impl StreamRef {
+    pub fn info(&self) -> StreamInfo {
+        let view = self.handle.view();
+        let c = &self.handle.config;
+        StreamInfo {
+            id: c.id,
+            name: c.name.clone(),
+            content_type: c.content_type.clone(),
+            tail: view.tail,
+            closed: view.closed,
+            ttl_secs: c.ttl_secs,
+            expires_at: c.expires_at.clone(),
+            created_ms: c.created_ms,
+        }
+    }
+}
+
+impl Engine {
+    /// Opens the engine: recovers the metadata from the bucket, then starts the WAL
+    /// writer, the indexer and the dormancy sweeper.
+    pub async fn open(config: EngineConfig, store: Arc<dyn ObjectStore>, meta: Meta) -> Result<Engine> {
+        let recovered = crate::recovery::recover(&*store, &meta).await?;
+        tracing::info!(epoch = recovered.epoch, replayed = recovered.objects_replayed, "recovered from the object store");
+        let next_id = meta.next_stream_id().await?;
+        let (index_tx, index_rx) = mpsc::channel(256);
+        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx);
+        let wal = Wal::start(store.clone(), config.wal.clone(), recovered.epoch, 0, index_tx);
+        let inner = Arc::new(Inner {
+            config,
+            store,
+            meta,
+            wal,
+            registry: Registry::default(),
+            next_id: AtomicU64::new(next_id),
+            lifecycle: tokio::sync::Mutex::new(()),
+            indexer,
+            tasks: Mutex::new(vec![index_task]),
+            epoch: recovered.epoch,
+        });
+        let engine = Engine { inner };
+        let sweeper = tokio::spawn(engine.clone().sweep_loop());
+        engine.inner.tasks.lock().expect("tasks lock").push(sweeper);
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            wal: self.inner.wal.stats(),
+            active_streams: self.inner.registry.len(),
+            index_failures: self.inner.indexer.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.inner.meta
+    }
+
+    /// Stops accepting writes and makes everything accepted durable and indexed.
+    pub async fn shutdown(&self) {
+        self.inner.wal.shutdown().await;
+        let _ = self.index_barrier().await;
+        for task in self.inner.tasks.lock().expect("tasks lock").drain(..) {
+            task.abort();
+        }
+    }
+
+    // ---- resolving names --------------------------------------------------------
+
+    fn handle_from_row(&self, row: StreamRow, producers: HashMap<String, (u64, u64)>) -> Result<Arc<StreamHandle>> {
+        let config = StreamConfig {
+            id: row.id,
+            json: media_type(&row.content_type) == "application/json",
+            expires_at_ms: row.expires_at.as_deref().and_then(parse_rfc3339_ms),
+            name: row.name,
+            content_type: row.content_type,
+            created_ms: row.created_ms,
+            ttl_secs: row.ttl_secs,
+            expires_at: row.expires_at,
+            fork: row.fork,
+        };
+        let producers = producers
+            .into_iter()
+            .map(|(id, (epoch, last_seq))| (id, ProducerState { epoch, last_seq, last_op: 0 }))
+            .collect();
+        let lifecycle = if row.soft_deleted { Lifecycle::SoftDeleted } else { Lifecycle::Live };
+        // A restart must never shorten a sliding TTL: count the load as an access.
+        let last_access = row.last_access_ms.max(row.created_ms);
+        Ok(Arc::new(StreamHandle::new(
+            config,
+            row.tail,
+            row.closed,
+            row.closed_by,
+            row.stream_seq,
+            producers,
+            lifecycle,
+            last_access,
+            self.inner.config.tail_cache_bytes_per_stream,
+        )))
+    }
+
+    fn check_capacity(&self) -> Result<()> {
+        if self.inner.registry.len() >= self.inner.config.active_streams_max {
+            return Err(EngineError::Overloaded(format!(
+                "too many active streams (limit {}); retry shortly",
+                self.inner.config.active_streams_max
+            )));
+        }
+        Ok(())
+    }
+
+    async fn load(&self, row: Option<StreamRow>) -> Result<Option<Arc<StreamHandle>>> {
+        let Some(row) = row else { return Ok(None) };
+        self.check_capacity()?;
+        let producers = self.inner.meta.producers(row.id).await?;
+        let handle = self.handle_from_row(row, producers)?;
+        let active = self.inner.registry.insert(handle, |existing| {
+            let v = existing.view();
+            v.evicted || v.lifecycle == Lifecycle::Deleted
+        });
+        Ok(Some(active))
+    }
+
+    /// The active handle for `name`, loading it if dormant; `None` if there is none.
+    /// Deleted and expired streams resolve to `None`.
+    async fn lookup(&self, name: &str) -> Result<Option<Arc<StreamHandle>>> {
+        for _ in 0..16 {
+            let handle = match self.inner.registry.by_name(name) {
+                Some(h) => h,
+                None => match self.load(self.inner.meta.stream_by_name(name).await?).await? {
+                    Some(h) => h,
+                    None => return Ok(None),
+                },
+            };
+            let view = handle.view();
+            if view.evicted {
+                continue;
+            }
+            if view.lifecycle == Lifecycle::Deleted {
+                if self.inner.registry.by_name(name).is_some_and(|h| Arc::ptr_eq(&h, &handle)) {
+                    return Ok(None);
+                }
+                continue;
+            }
+            if view.op == 0 && handle.lock().next_op > 1 {
+                // Created here and not yet durable: the creation is not visible yet.
+                self.wait_durable(&handle, 1).await?;
+            }
+            if view.lifecycle == Lifecycle::Live && handle.is_expired(now_ms()) {
+                self.expire(&handle).await?;
+                continue;
+            }
+            return Ok(Some(handle));
+        }
+        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+    }
+
+    async fn lookup_id(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {
+        for _ in 0..16 {
+            let handle = match self.inner.registry.by_id(id) {
+                Some(h) => h,
+                None => match self.load(self.inner.meta.stream_by_id(id).await?).await? {
+                    Some(h) => h,
+                    None => return Ok(None),
+                },
+            };
+            if handle.view().evicted {
+                continue;
+            }
+            return Ok(Some(handle));
+        }
+        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+    }
+
+    /// Resolves a stream for a client operation: 404 if absent, 410 if soft-deleted.
+    pub async fn stream(&self, name: &str) -> Result<StreamRef> {
+        let handle = self.lookup(name).await?.ok_or(EngineError::NotFound)?;
+        match handle.view().lifecycle {
+            Lifecycle::Live => Ok(StreamRef { handle }),
+            Lifecycle::SoftDeleted => Err(EngineError::Gone),
+            Lifecycle::Deleted => Err(EngineError::NotFound),
+        }
+    }
+
+    /// Stream metadata; does not count as an access (HEAD does not slide TTLs).
+    pub async fn head(&self, name: &str) -> Result<StreamInfo> {
+        Ok(self.stream(name).await?.info())
+    }
+
+    /// Marks a read or write access (slides the TTL).
+    pub fn touch(&self, stream: &StreamRef) {
+        stream.handle.touch(now_ms());
+    }
+
+    // ---- durability --------------------------------------------------------------
+
+    async fn wait_durable(&self, handle: &StreamHandle, op_no: u64) -> Result<DurableView> {
+        let mut rx = handle.subscribe();
+        let mut health = self.inner.wal.health();
+        let wait = async {
+            loop {
+                let view = *rx.borrow_and_update();
+                if view.op >= op_no {
+                    return Ok(view);
+                }
+                self.inner.wal.check_health().or_else(|e| match *health.borrow() {
+                    // A store outage delays but does not cancel accepted ops.
+                    crate::wal::WalHealth::StoreDown(_) => Ok(()),
+                    _ => Err(e),
+                })?;
+                tokio::select! {
+                    r = rx.changed() => r.map_err(|_| EngineError::Internal("stream dropped".into()))?,
+                    r = health.changed() => r.map_err(|_| EngineError::Unavailable("WAL stopped".into()))?,
+                }
+            }
+        };
+        match tokio::time::timeout(self.inner.config.append_timeout, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(EngineError::Unavailable(format!(
+                "write not durable within {:?} (object store slow or down); its outcome is unknown, retry with idempotent producer headers",
+                self.inner.config.append_timeout
+            ))),
+        }
+    }
+
+    /// Waits until the metadata store reflects every object written so far.
+    async fn index_barrier(&self) -> Result<()> {
+        let target = self.inner.wal.stats().objects_written.load(Ordering::Acquire);
+        let mut applied = self.inner.indexer.applied.clone();
+        let wait = async move { applied.wait_for(|a| *a >= target).await.is_ok() };
+        match tokio::time::timeout(Duration::from_secs(30), wait).await {
+            Ok(true) => Ok(()),
+            _ => Err(EngineError::Unavailable("metadata index is behind; retry".into())),
+        }
+    }
+
+    fn submit(&self, handle: &Arc<StreamHandle>, op_no: u64, op: Op) -> Result<()> {
+        self.inner.wal.submit(Submission { stream_id: handle.config.id, op_no, op, listener: handle.clone() })
+    }
+
+    // ---- create ------------------------------------------------------------------
+
+    pub async fn create(&self, req: CreateRequest) -> Result<(bool, StreamInfo)> {
+        self.validate_name(&req.name)?;
+        if let Some(ct) = &req.content_type {
+            if ct.len() > self.inner.config.content_type_bytes_max {
+                return Err(EngineError::bad_request("Content-Type is too long"));
+            }
+        }
+        if req.body.len() > self.inner.config.append_bytes_max {
+            return Err(EngineError::PayloadTooLarge(format!(
+                "initial body of {} bytes exceeds the limit of {} bytes",
+                req.body.len(),
+                self.inner.config.append_bytes_max
+            )));
+        }
+        if req.ttl_secs.is_some() && req.expires_at.is_some() {
+            return Err(EngineError::bad_request("Stream-TTL and Stream-Expires-At are mutually exclusive"));
+        }
+        let expires_at_ms = match &req.expires_at {
+            Some(s) => Some(parse_rfc3339_ms(s).ok_or_else(|| {
+                EngineError::bad_request("Stream-Expires-At must be an RFC 3339 timestamp")
+            })?),
+            None => None,
+        };
+        // Forks take the lifecycle lock so a concurrent delete of the source sees them.
+        let _guard = match req.fork {
+            Some(_) => Some(self.inner.lifecycle.lock().await),
+            None => None,
+        };
+        for _ in 0..16 {
+            if let Some(existing) = self.inner.registry.by_name(&req.name).or(self.lookup(&req.name).await?) {
+                match existing.view().lifecycle {
+                    Lifecycle::SoftDeleted => {
+                        return Err(EngineError::conflict(
+                            "a deleted stream with live forks still holds this path; it cannot be reused until its forks are deleted",
+                        ))
+                    }
+                    Lifecycle::Deleted => {}
+                    Lifecycle::Live => {
+                        if existing.view().evicted {
+                            continue;
+                        }
+                        if existing.view().op == 0 && existing.lock().next_op > 1 {
+                            self.wait_durable(&existing, 1).await?;
+                        }
+                        return self.confirm_existing(&existing, &req).await.map(|info| (false, info));
+                    }
+                }
+            }
+            match self.create_new(&req, expires_at_ms).await? {
+                Some(info) => return Ok((true, info)),
+                None => continue, // lost a race for the name; look again
+            }
+        }
+        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+    }
+
+    fn validate_name(&self, name: &str) -> Result<()> {
+        if name.is_empty() {
+            return Err(EngineError::bad_request("stream name is empty"));
+        }
+        if name.len() > self.inner.config.stream_name_bytes_max {
+            return Err(EngineError::bad_request(format!(
+                "stream name is {} bytes; the limit is {}",
+                name.len(),
+                self.inner.config.stream_name_bytes_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// Idempotent create: 200 if the existing stream matches the request, else 409.
+    async fn confirm_existing(&self, existing: &Arc<StreamHandle>, req: &CreateRequest) -> Result<StreamInfo> {
+        let c = &existing.config;
+        let view = existing.view();
+        let mismatch = |what: &str| {
+            Err(EngineError::conflict(format!("stream already exists with a different {what}")))
+        };
+        let wanted_type = match (&req.content_type, &req.fork) {
+            (Some(ct), _) => media_type(ct),
+            (None, Some(_)) => media_type(&c.content_type),
+            (None, None) => "application/octet-stream".to_string(),
+        };
+        if wanted_type != media_type(&c.content_type) {
+            return mismatch("content type");
+        }
+        if req.closed != view.closed {
+            return mismatch("closed state");
+        }
+        match (&req.fork, &c.fork) {
+            (None, None) => {
+                if req.ttl_secs != c.ttl_secs || req.expires_at != c.expires_at {
+                    return mismatch("TTL or expiry");
+                }
+            }
+            (Some(f), Some(origin)) => {
+                let source = self.lookup(&f.source).await?;
+                if source.as_ref().map(|s| s.config.id) != Some(origin.source_id) {
+                    return mismatch("fork source");
+                }
+                if f.offset.is_some() && f.offset != origin.requested_offset.or(Some(origin.point)) {
+                    return mismatch("fork offset");
+                }
+                if f.sub_offset != origin.sub_offset {
+                    return mismatch("fork sub-offset");
+                }
+                if req.ttl_secs.is_some() && req.ttl_secs != c.ttl_secs
+                    || req.expires_at.is_some() && req.expires_at != c.expires_at
+                {
+                    return mismatch("TTL or expiry");
+                }
+            }
+            _ => return mismatch("fork origin"),
+        }
+        Ok(StreamRef { handle: existing.clone() }.info())
+    }
+
+    /// Creates a new stream; `None` if another request claimed the name first.
+    async fn create_new(&self, req: &CreateRequest, expires_at_ms: Option<u64>) -> Result<Option<StreamInfo>> {
+        let mut content_type = req.content_type.clone().unwrap_or_else(|| "application/octet-stream".into());
+        let mut ttl_secs = req.ttl_secs;
+        let mut expires_at = req.expires_at.clone();
+        let mut expires_at_ms = expires_at_ms;
+        let mut fork = None;
+        if let Some(f) = &req.fork {
+            let source = match self.lookup(&f.source).await? {
+                Some(s) => s,
+                None => return Err(EngineError::ForkSourceNotFound),
+            };
+            if source.view().lifecycle == Lifecycle::SoftDeleted {
+                return Err(EngineError::conflict("the fork source was deleted and cannot be forked"));
+            }
+            match &req.content_type {
+                Some(ct) if media_type(ct) != media_type(&source.config.content_type) => {
+                    return Err(EngineError::conflict(format!(
+                        "Content-Type {ct:?} differs from the source stream's {:?}",
+                        source.config.content_type
+                    )))
+                }
+                _ => content_type = source.config.content_type.clone(),
+            }
+            let tail = source.view().tail;
+            let anchor = f.offset.unwrap_or(tail);
+            if anchor > tail {
+                return Err(EngineError::bad_request("Stream-Fork-Offset is beyond the source stream's tail"));
+            }
+            if f.sub_offset > 0 && f.offset.is_none() {
+                return Err(EngineError::bad_request("Stream-Fork-Sub-Offset needs an explicit Stream-Fork-Offset"));
+            }
+            let point = if f.sub_offset > 0 { self.resolve_sub_offset(&source, anchor, f.sub_offset).await? } else { anchor };
+            if ttl_secs.is_none() && expires_at.is_none() {
+                ttl_secs = source.config.ttl_secs;
+                expires_at = source.config.expires_at.clone();
+                expires_at_ms = source.config.expires_at_ms;
+            }
+            fork = Some(ForkOrigin {
+                source_id: source.config.id,
+                point,
+                requested_offset: f.offset,
+                sub_offset: f.sub_offset,
+            });
+        }
+        let json = media_type(&content_type) == "application/json";
+        let records = if req.body.is_empty() {
+            Vec::new()
+        } else if json {
+            json_records(&req.body, true)?
+        } else {
+            vec![req.body.clone()]
+        };
+        self.check_capacity()?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let created_ms = now_ms();
+        let start = fork.as_ref().map_or(Offset::ZERO, |f| f.point);
+        let config = StreamConfig {
+            id,
+            name: req.name.clone(),
+            content_type: content_type.clone(),
+            json,
+            created_ms,
+            ttl_secs,
+            expires_at: expires_at.clone(),
+            expires_at_ms,
+            fork: fork.clone(),
+        };
+        let handle = Arc::new(StreamHandle::new(
+            config,
+            start,
+            false,
+            None,
+            None,
+            HashMap::new(),
+            Lifecycle::Live,
+            created_ms,
+            self.inner.config.tail_cache_bytes_per_stream,
+        ));
+        let active = self.inner.registry.insert(handle.clone(), |existing| {
+            let v = existing.view();
+            v.evicted || v.lifecycle == Lifecycle::Deleted
+        });
+        if !Arc::ptr_eq(&active, &handle) {
+            return Ok(None);
+        }
+        let last_op = {
+            let mut st = handle.lock();
+            let create = Op::Create(CreateOp {
+                name: req.name.clone(),
+                content_type,
+                created_ms,
+                ttl_secs,
+                expires_at,
+                fork,
+            });
+            if let Err(e) = self.submit(&handle, 1, create) {
+                drop(st);
+                self.inner.registry.remove(&handle);
+                return Err(e);
+            }
+            st.next_op = 2;
+            if !records.is_empty() || req.closed {
+                let op = self.build_append(&mut st, records, req.closed, None, None);
+                // The create is queued; if this fails the stream exists, empty.
+                let op_no = st.next_op;
+                self.submit(&handle, op_no, Op::Append(op.clone()))?;
+                self.commit_append(&mut st, op_no, &op);
+            }
+            st.next_op - 1
+        };
+        self.wait_durable(&handle, last_op).await?;
+        Ok(Some(StreamRef { handle }.info()))
+    }
+
+    /// The fork point `sub` units past `anchor` on `source`: bytes into the next
+    /// append for byte streams, messages into the next batch for JSON streams.
+    async fn resolve_sub_offset(&self, source: &Arc<StreamHandle>, anchor: Offset, sub: u64) -> Result<Offset> {
+        let overshoot = || EngineError::bad_request("Stream-Fork-Sub-Offset is past the end of the next append");
+        let chunk = self.read_view(source, anchor, source.view().tail, 16 << 20, false).await?;
+        if source.config.json {
+            let mut pos = anchor;
+            for (i, (seg, flags)) in chunk.segments.iter().zip(&chunk.flags).enumerate().take(sub as usize) {
+                if i > 0 && flags & RECORD_BATCH_START != 0 {
+                    return Err(overshoot());
+                }
+                pos = pos.advance(seg.len() as u64);
+            }
+            if (chunk.segments.len() as u64) < sub {
+                return Err(overshoot());
+            }
+            Ok(pos)
+        } else {
+            // The first append at the anchor, as this stream's view shows it.
+            let mut first_len = 0u64;
+            for (i, (seg, flags)) in chunk.segments.iter().zip(&chunk.flags).enumerate() {
+                if i > 0 && flags & RECORD_BATCH_START != 0 {
+                    break;
+                }
+                first_len += seg.len() as u64;
+            }
+            if sub > first_len {
+                return Err(overshoot());
+            }
+            Ok(anchor.advance(sub))
+        }
+    }
+
+    // ---- append ------------------------------------------------------------------
+
+    fn build_append(
+        &self,
+        st: &mut handle::State,
+        data: Vec<Bytes>,
+        close: bool,
+        producer: Option<ProducerStamp>,
+        stream_seq: Option<String>,
+    ) -> AppendOp {
+        let ts_ms = now_ms().max(st.last_ts_ms);
+        st.last_ts_ms = ts_ms;
+        let records = data
+            .into_iter()
+            .enumerate()
+            .map(|(i, data)| Record { ts_ms, flags: if i == 0 { RECORD_BATCH_START } else { 0 }, data })
+            .collect();
+        AppendOp { start: st.tail, records, close, producer, stream_seq }
+    }
+
+    fn commit_append(&self, st: &mut handle::State, op_no: u64, op: &AppendOp) {
+        st.next_op = op_no + 1;
+        st.tail = op.end();
+        if let Some(s) = &op.stream_seq {
+            st.stream_seq = Some(s.clone());
+        }
+        if let Some(p) = &op.producer {
+            st.producers.insert(p.id.clone(), ProducerState { epoch: p.epoch, last_seq: p.seq, last_op: op_no });
+        }
+        if op.close {
+            st.closed = true;
+            st.closed_by = op.producer.clone();
+            st.close_op = op_no;
+        }
+    }
+
+    pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome> {
+        if req.body.len() > self.inner.config.append_bytes_max {
+            return Err(EngineError::PayloadTooLarge(format!(
+                "append of {} bytes exceeds the limit of {} bytes",
+                req.body.len(),
+                self.inner.config.append_bytes_max
+            )));
+        }
+        if req.body.is_empty() && !req.close {
+            return Err(EngineError::bad_request("append body is empty (only a close, Stream-Closed: true, may be empty)"));
+        }
+        if let Some(p) = &req.producer {
+            if p.id.is_empty() || p.id.len() > self.inner.config.producer_id_bytes_max {
+                return Err(EngineError::bad_request(format!(
+                    "Producer-Id must be 1 to {} bytes",
+                    self.inner.config.producer_id_bytes_max
+                )));
+            }
+        }
+        if req.stream_seq.as_ref().is_some_and(|s| s.len() > self.inner.config.stream_seq_bytes_max) {
+            return Err(EngineError::bad_request("Stream-Seq is too long"));
+        }
+        for _ in 0..16 {
+            let stream = self.stream(&req.name).await?;
+            let handle = stream.handle;
+            handle.touch(now_ms());
+            let parsed = if req.body.is_empty() {
+                Ok(Vec::new())
+            } else if handle.config.json {
+                json_records(&req.body, false)
+            } else {
+                Ok(vec![req.body.clone()])
+            };
+            let (wait_op, outcome) = {
+                let mut st = handle.lock();
+                if st.evicted {
+                    continue;
+                }
+                match self.sequence(&handle, &mut st, &req, parsed)? {
+                    Sequenced::Wait(op, outcome) => (op, outcome),
+                }
+            };
+            self.wait_durable(&handle, wait_op).await?;
+            return Ok(outcome);
+        }
+        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+    }
+
+    /// The sequencer: decides an append against the stream state, under its lock.
+    fn sequence(
+        &self,
+        handle: &Arc<StreamHandle>,
+        st: &mut handle::State,
+        req: &AppendRequest,
+        parsed: Result<Vec<Bytes>>,
+    ) -> Result<Sequenced> {
+        match st.lifecycle {
+            Lifecycle::Live => {}
+            Lifecycle::SoftDeleted => return Err(EngineError::Gone),
+            Lifecycle::Deleted => return Err(EngineError::NotFound),
+        }
+        let stamp = req.producer.as_ref().map(|p| ProducerStamp { id: p.id.clone(), epoch: p.epoch, seq: p.seq });
+        if st.closed {
+            if stamp.is_some() && st.closed_by == stamp {
+                let p = req.producer.as_ref().expect("stamp implies producer");
+                let outcome = AppendOutcome::Duplicate { tail: st.tail, closed: true, epoch: p.epoch, last_seq: p.seq };
+                return Ok(Sequenced::Wait(st.close_op, outcome));
+            }
+            if req.body.is_empty() && req.producer.is_none() {
+                let outcome = AppendOutcome::Appended { tail: st.tail, closed: true, producer: None };
+                return Ok(Sequenced::Wait(st.close_op, outcome));
+            }
+            return Err(EngineError::StreamClosed { tail: st.tail });
+        }
+        if !req.body.is_empty() {
+            let got = req.content_type.as_deref().unwrap_or("");
+            if media_type(got) != media_type(&handle.config.content_type) {
+                return Err(EngineError::ContentTypeMismatch {
+                    expected: handle.config.content_type.clone(),
+                    got: got.to_string(),
+                });
+            }
+        }
+        if let Some(p) = &req.producer {
+            match producer::validate(st.producers.get(&p.id), p.epoch, p.seq) {
+                Verdict::Accept => {
+                    if !st.producers.contains_key(&p.id)
+                        && st.producers.len() >= self.inner.config.producers_per_stream_max
+                    {
+                        return Err(EngineError::Overloaded(format!(
+                            "stream has {} producers, the limit",
+                            st.producers.len()
+                        )));
+                    }
+                }
+                Verdict::Duplicate { last_seq, last_op } => {
+                    let outcome = AppendOutcome::Duplicate { tail: st.tail, closed: st.closed, epoch: p.epoch, last_seq };
+                    return Ok(Sequenced::Wait(last_op, outcome));
+                }
+                Verdict::StaleEpoch { current } => {
+                    return Err(EngineError::ProducerStaleEpoch { current, got: p.epoch })
+                }
+                Verdict::EpochMustStartAtZero => return Err(EngineError::ProducerEpochMustStartAtZero),
+                Verdict::Gap { expected, received } => {
+                    return Err(EngineError::ProducerSeqGap { expected, received })
+                }
+            }
+        }
+        if let (Some(got), Some(last)) = (&req.stream_seq, &st.stream_seq) {
+            if got.as_bytes() <= last.as_bytes() {
+                return Err(EngineError::StreamSeqConflict { last: last.clone(), got: got.clone() });
+            }
+        }
+        let records = parsed?;
+        let op = self.build_append(st, records, req.close, stamp, req.stream_seq.clone());
+        let op_no = st.next_op;
+        self.submit(handle, op_no, Op::Append(op.clone()))?;
+        self.commit_append(st, op_no, &op);
+        let outcome = AppendOutcome::Appended {
+            tail: st.tail,
+            closed: st.closed,
+            producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+        };
+        Ok(Sequenced::Wait(op_no, outcome))
+    }
+
+    // ---- delete ------------------------------------------------------------------
+
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        let _guard = self.inner.lifecycle.lock().await;
+        let handle = self.lookup(name).await?.ok_or(EngineError::NotFound)?;
+        if handle.view().lifecycle == Lifecycle::SoftDeleted {
+            return Err(EngineError::Gone);
+        }
+        self.delete_locked(handle).await
+    }
+
+    /// Deletes a stream (soft if forks still read it), then cascades to sources that
+    /// were soft-deleted and lost their last fork. Caller holds the lifecycle lock.
+    async fn delete_locked(&self, mut handle: Arc<StreamHandle>) -> Result<()> {
+        loop {
+            self.index_barrier().await?;
+            let forks = self.inner.meta.fork_count(handle.config.id).await?;
+            let soft = forks > 0;
+            let op_no = {
+                let mut st = handle.lock();
+                if st.lifecycle == Lifecycle::Deleted {
+                    return Ok(());
+                }
+                let op_no = st.next_op;
+                self.submit(&handle, op_no, Op::Delete { soft })?;
+                st.next_op += 1;
+                st.lifecycle = if soft { Lifecycle::SoftDeleted } else { Lifecycle::Deleted };
+                op_no
+            };
+            self.wait_durable(&handle, op_no).await?;
+            if soft {
+                return Ok(());
+            }
+            self.index_barrier().await?;
+            self.inner.registry.remove(&handle);
+            // Cascade: a soft-deleted source whose last fork this was goes too.
+            let Some(origin) = &handle.config.fork else { return Ok(()) };
+            let Some(source) = self.lookup_id(origin.source_id).await? else { return Ok(()) };
+            if source.view().lifecycle != Lifecycle::SoftDeleted
+                || self.inner.meta.fork_count(source.config.id).await? > 0
+            {
+                return Ok(());
+            }
+            handle = source;
+        }
+    }
+
+    async fn expire(&self, handle: &Arc<StreamHandle>) -> Result<()> {
+        let _guard = self.inner.lifecycle.lock().await;
+        if handle.view().lifecycle != Lifecycle::Live {
+            return Ok(());
+        }
+        tracing::debug!(stream = %handle.config.name, "stream expired");
+        self.delete_locked(handle.clone()).await
+    }
+
+    // ---- read --------------------------------------------------------------------
+
+    /// Reads durable data from `from`, at most about `max_bytes`.
+    pub async fn read(&self, stream: &StreamRef, from: Offset, max_bytes: usize) -> Result<ReadChunk> {
+        let handle = &stream.handle;
+        let view = handle.view();
+        if from > view.tail {
+            return Err(EngineError::bad_request("offset is beyond the end of the stream"));
+        }
+        let mut chunk = self.read_view(handle, from, view.tail, max_bytes, !handle.config.json).await?;
+        chunk.up_to_date = chunk.next >= view.tail;
+        chunk.closed = chunk.up_to_date && view.closed;
+        Ok(chunk)
+    }
+
+    /// Reads `[from, until)` of a stream's view: inherited data from its fork source
+    /// chain, then its own records.
+    async fn read_view(
+        &self,
+        handle: &Arc<StreamHandle>,
+        from: Offset,
+        until: Offset,
+        max_bytes: usize,
+        split: bool,
+    ) -> Result<ReadChunk> {
+        let mut out = ReadChunk {
+            segments: Vec::new(),
+            flags: Vec::new(),
+            next: from,
+            up_to_date: false,
+            closed: false,
+            json: handle.config.json,
+        };
+        let mut budget = max_bytes;
+        // Walk the fork chain: each level serves [pos, min(its fork point, until)).
+        let mut levels = vec![(handle.clone(), until)];
+        while let Some(origin) = levels.last().expect("non-empty").0.config.fork.clone() {
+            if out.next >= origin.point {
+                break;
+            }
+            let cap = levels.last().expect("non-empty").1.min(origin.point);
+            let source = self
+                .lookup_id(origin.source_id)
+                .await?
+                .ok_or_else(|| EngineError::Internal("fork source is missing".into()))?;
+            levels.push((source, cap));
+        }
+        while let Some((level, cap)) = levels.pop() {
+            if out.next >= cap || (budget == 0 && !out.segments.is_empty()) {
+                continue;
+            }
+            self.read_own(&level, &mut out, cap, &mut budget, split).await?;
+            if out.next < cap {
+                break; // out of budget
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends a stream's own records in `[out.next, until)` to `out`.
+    async fn read_own(
+        &self,
+        handle: &Arc<StreamHandle>,
+        out: &mut ReadChunk,
+        until: Offset,
+        budget: &mut usize,
+        split: bool,
+    ) -> Result<()> {
+        while out.next < until && (*budget > 0 || out.segments.is_empty()) {
+            if let Some(cached) = handle.read_cached(out.next, until, *budget, split) {
+                let n: usize = cached.segments.iter().map(|s| s.len()).sum();
+                *budget = budget.saturating_sub(n);
+                out.segments.extend(cached.segments);
+                out.flags.extend(cached.flags);
+                out.next = cached.end;
+                return Ok(());
+            }
+            self.read_cold(handle, out, until, budget, split).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads records that left the tail cache from the object store, via the index.
+    async fn read_cold(
+        &self,
+        handle: &Arc<StreamHandle>,
+        out: &mut ReadChunk,
+        until: Offset,
+        budget: &mut usize,
+        split: bool,
+    ) -> Result<()> {
+        let rows = self.inner.meta.chunks_from(handle.config.id, out.next, 16).await?;
+        if rows.is_empty() || rows[0].start > out.next {
+            return Err(EngineError::Internal(format!(
+                "stream {} has no index entry for offset {}",
+                handle.config.name, out.next
+            )));
+        }
+        for row in rows {
+            if out.next >= until || (*budget == 0 && !out.segments.is_empty()) {
+                break;
+            }
+            let bytes = self
+                .inner
+                .store
+                .get_range(&Path::from(row.object_key.as_str()), row.byte_range.clone())
+                .await
+                .map_err(|e| EngineError::Unavailable(format!("object store read of {}: {e}", row.object_key)))?;
+            let (_, ops) = format::decode_chunk(&bytes)
+                .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
+            for op in ops {
+                let Op::Append(a) = op else { continue };
+                let mut pos = a.start;
+                for record in a.records {
+                    let len = record.data.len() as u64;
+                    let (start, end) = (pos, pos.advance(len));
+                    pos = end;
+                    if end <= out.next || start >= until {
+                        continue;
+                    }
+                    if *budget == 0 && !out.segments.is_empty() {
+                        return Ok(());
+                    }
+                    let lo = out.next.0.max(start.0) - start.0;
+                    let mut hi = until.0.min(end.0) - start.0;
+                    if split {
+                        hi = hi.min(lo + (*budget).max(1) as u64);
+                    }
+                    let piece = record.data.slice(lo as usize..hi as usize);
+                    *budget = budget.saturating_sub(piece.len());
+                    out.flags.push(if lo == 0 { record.flags } else { record.flags & !RECORD_BATCH_START });
+                    out.segments.push(piece);
+                    out.next = Offset(start.0 + hi);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until data beyond `offset` is durable, the stream closes, or `timeout`.
+    pub async fn wait(&self, stream: &StreamRef, offset: Offset, timeout: Duration) -> Result<WaitOutcome> {
+        let mut rx = stream.handle.subscribe();
+        let wait = async {
+            loop {
+                let view = *rx.borrow_and_update();
+                if view.tail > offset || view.closed {
+                    return Ok(WaitOutcome::Ready);
+                }
+                match view.lifecycle {
+                    Lifecycle::Live => {}
+                    Lifecycle::SoftDeleted => return Err(EngineError::Gone),
+                    Lifecycle::Deleted => return Err(EngineError::NotFound),
+                }
+                if rx.changed().await.is_err() {
+                    return Err(EngineError::NotFound);
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(r) => r,
+            Err(_) => Ok(WaitOutcome::TimedOut),
+        }
+    }
+
+    // ---- listing -----------------------------------------------------------------
+
+    pub async fn list(&self, prefix: &str, after: &str, limit: u32) -> Result<Vec<StreamRow>> {
+        self.index_barrier().await?;
+        Ok(self.inner.meta.list(prefix, after, limit).await?)
+    }
+
+    // ---- background --------------------------------------------------------------
+
+    async fn sweep_loop(self) {
+        let period = (self.inner.config.dormancy / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            let now = now_ms();
+            for handle in self.inner.registry.filter(|h| h.view().lifecycle == Lifecycle::Live && h.is_expired(now)) {
+                if let Err(e) = self.expire(&handle).await {
+                    tracing::warn!(stream = %handle.config.name, error = %e, "expiring stream failed");
+                }
+            }
+            let idle_since = now.saturating_sub(self.inner.config.dormancy.as_millis() as u64);
+            let evicted = self.inner.registry.sweep(idle_since);
+            if let Err(e) = self.inner.meta.touch(&evicted).await {
+                tracing::warn!(error = %e, "recording last access of dormant streams failed");
+            }
+        }
+    }
+}
+
+enum Sequenced {
+    /// Answer once sequencer op `.0` is durable.
+    Wait(u64, AppendOutcome),
+}
+
+/// Splits a JSON body into messages: a top-level array is flattened one level.
+/// Each message is stored compact. `allow_empty`: `[]` is fine (creating a stream).
+pub fn json_records(body: &[u8], allow_empty: bool) -> Result<Vec<Bytes>> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| EngineError::bad_request(format!("body is not valid JSON: {e}")))?;
+    let encode = |v: &serde_json::Value| Bytes::from(serde_json::to_vec(v).expect("a Value always serializes"));
+    match value {
+        serde_json::Value::Array(items) => {
+            if items.is_empty() && !allow_empty {
+                return Err(EngineError::bad_request("empty JSON array: nothing to append"));
+            }
+            Ok(items.iter().map(encode).collect())
+        }
+        other => Ok(vec![encode(&other)]),
+    }
+}
+
+impl Engine {
+    /// `Ok` while this node accepts writes.
+    pub fn health(&self) -> Result<()> {
+        self.inner.wal.check_health()
+    }
+}

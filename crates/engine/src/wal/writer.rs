@@ -1,0 +1,409 @@
+//! The group-commit writer and its flush policy.
+//!
+//! Sequencers `submit` ops (synchronously, under their own lock, so each stream's ops
+//! enter the log in offset order). One task drains the buffer into WAL objects:
+//! - nothing in flight: flush at once, so a lone append pays one PUT and no delay;
+//! - uploads in flight: keep accumulating, and start another upload only when
+//!   `pipeline_bytes_min` is buffered and fewer than `uploads_in_flight_max` run;
+//! - an optional write budget spaces PUTs at least `1/max_writes_per_sec` apart;
+//!   under the budget nothing waits, at the budget batches grow instead.
+//!
+//! Objects complete in sequence order: an object's ops become durable (listeners run,
+//! waiters wake) only after every earlier object did, so acknowledgements follow
+//! submission order. A failing upload is retried with capped, jittered backoff until
+//! it lands; it is never skipped, so the log has no holes while this node lives.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::{FuturesOrdered, StreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::format::{self, Op};
+use crate::config::WalConfig;
+use crate::error::{EngineError, Result};
+
+/// Told, in log order, when a submitted op became durable and when its index rows
+/// were written to the metadata store.
+pub trait DurableListener: Send + Sync {
+    fn on_durable(&self, op_no: u64, op: &Op);
+    fn on_indexed(&self, op_no: u64);
+}
+
+pub struct Submission {
+    pub stream_id: u64,
+    /// Per-stream sequence number of this op, assigned by its sequencer.
+    pub op_no: u64,
+    pub op: Op,
+    pub listener: Arc<dyn DurableListener>,
+}
+
+/// One stream's ops in a durable object, handed to the indexer.
+pub struct FlushedChunk {
+    pub stream_id: u64,
+    /// Byte range of the chunk inside the object.
+    pub range: std::ops::Range<u64>,
+    pub ops: Vec<(u64, Op)>,
+    pub listener: Option<Arc<dyn DurableListener>>,
+}
+
+pub struct FlushedObject {
+    pub key: String,
+    pub epoch: u64,
+    pub seq: u64,
+    pub chunks: Vec<FlushedChunk>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalHealth {
+    Ok,
+    /// Uploads have been failing for longer than `store_down_after`.
+    StoreDown(String),
+    /// Another process took over this log; this node must stop acknowledging.
+    Fenced,
+    Stopped,
+}
+
+#[derive(Default)]
+pub struct WalStats {
+    pub objects_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub ops_written: AtomicU64,
+    pub upload_retries: AtomicU64,
+}
+
+struct Buffer {
+    subs: Vec<Submission>,
+    bytes: usize,
+    closed: bool,
+}
+
+struct Shared {
+    buffer: Mutex<Buffer>,
+    wake: Notify,
+    health: watch::Sender<WalHealth>,
+    stats: Arc<WalStats>,
+    config: WalConfig,
+}
+
+#[derive(Clone)]
+pub struct Wal {
+    shared: Arc<Shared>,
+    task: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Wal {
+    /// Starts the writer for incarnation `epoch`, numbering objects from `first_seq`.
+    pub fn start(
+        store: Arc<dyn ObjectStore>,
+        config: WalConfig,
+        epoch: u64,
+        first_seq: u64,
+        indexer: mpsc::Sender<FlushedObject>,
+    ) -> Wal {
+        let (health, _) = watch::channel(WalHealth::Ok);
+        let shared = Arc::new(Shared {
+            buffer: Mutex::new(Buffer { subs: Vec::new(), bytes: 0, closed: false }),
+            wake: Notify::new(),
+            health,
+            stats: Arc::new(WalStats::default()),
+            config,
+        });
+        let writer = Writer {
+            shared: shared.clone(),
+            store,
+            epoch,
+            next_seq: first_seq,
+            indexer,
+            last_put: None,
+        };
+        let task = tokio::spawn(writer.run());
+        Wal { shared, task: Arc::new(Mutex::new(Some(task))) }
+    }
+
+    /// Queues an op. Fails fast (never blocks) when the store is down, this node is
+    /// fenced or stopping, or the backlog is full.
+    pub fn submit(&self, sub: Submission) -> Result<()> {
+        self.check_health()?;
+        let size = format::encoded_len(&sub.op);
+        {
+            let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
+            if buf.closed {
+                return Err(EngineError::Unavailable("server is shutting down".into()));
+            }
+            if buf.bytes + size > self.shared.config.buffer_bytes_max && !buf.subs.is_empty() {
+                return Err(EngineError::Unavailable(
+                    "write backlog is full (object store slower than the append rate); retry later".into(),
+                ));
+            }
+            buf.bytes += size;
+            buf.subs.push(sub);
+        }
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    pub fn check_health(&self) -> Result<()> {
+        match &*self.shared.health.borrow() {
+            WalHealth::Ok => Ok(()),
+            WalHealth::StoreDown(e) => {
+                Err(EngineError::Unavailable(format!("object store unavailable: {e}")))
+            }
+            WalHealth::Fenced => Err(EngineError::Unavailable(
+                "this node was fenced by another process writing the same bucket".into(),
+            )),
+            WalHealth::Stopped => Err(EngineError::Unavailable("server is shutting down".into())),
+        }
+    }
+
+    pub fn health(&self) -> watch::Receiver<WalHealth> {
+        self.shared.health.subscribe()
+    }
+
+    pub fn stats(&self) -> Arc<WalStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Stops accepting ops, writes out everything already accepted, and waits for it.
+    pub async fn shutdown(&self) {
+        self.shared.buffer.lock().expect("wal buffer lock").closed = true;
+        self.shared.wake.notify_one();
+        let task = self.task.lock().expect("wal task lock").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    store: Arc<dyn ObjectStore>,
+    epoch: u64,
+    next_seq: u64,
+    indexer: mpsc::Sender<FlushedObject>,
+    last_put: Option<Instant>,
+}
+
+type Upload = JoinHandle<Result<Encoded, ()>>;
+
+struct Encoded {
+    key: String,
+    seq: u64,
+    chunks: Vec<FlushedChunk>,
+}
+
+impl Writer {
+    async fn run(mut self) {
+        let mut inflight: FuturesOrdered<Upload> = FuturesOrdered::new();
+        loop {
+            let (buffered, closed) = {
+                let buf = self.shared.buffer.lock().expect("wal buffer lock");
+                (buf.bytes, buf.closed)
+            };
+            let budget_wait = self.budget_wait();
+            let may_start = buffered > 0
+                && inflight.len() < self.shared.config.uploads_in_flight_max
+                && (inflight.is_empty() || buffered >= self.shared.config.pipeline_bytes_min || closed)
+                && budget_wait.is_none();
+            if may_start {
+                let upload = self.start_flush();
+                inflight.push_back(upload);
+                continue;
+            }
+            if closed && buffered == 0 && inflight.is_empty() {
+                self.shared.health.send_replace(WalHealth::Stopped);
+                return;
+            }
+            tokio::select! {
+                _ = self.shared.wake.notified() => {}
+                done = inflight.next(), if !inflight.is_empty() => {
+                    match done {
+                        Some(Ok(Ok(encoded))) => self.complete(encoded).await,
+                        _ => {
+                            // Fenced (or the upload task died): acknowledge nothing more.
+                            self.shared.health.send_replace(WalHealth::Fenced);
+                            self.fail_buffer();
+                            return;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(budget_wait.unwrap_or(Duration::ZERO)), if budget_wait.is_some() && buffered > 0 => {}
+            }
+        }
+    }
+
+    /// How long until the write budget allows the next PUT (`None` = now).
+    fn budget_wait(&self) -> Option<Duration> {
+        let rate = self.shared.config.max_writes_per_sec?;
+        let last = self.last_put?;
+        let spacing = Duration::from_secs_f64(1.0 / rate.max(0.001));
+        let elapsed = last.elapsed();
+        (elapsed < spacing).then(|| spacing - elapsed)
+    }
+
+    fn start_flush(&mut self) -> Upload {
+        let subs = {
+            let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
+            let max = self.shared.config.flush_bytes_max;
+            let mut taken = 0;
+            let mut n = 0;
+            for sub in &buf.subs {
+                let size = format::encoded_len(&sub.op);
+                if n > 0 && taken + size > max {
+                    break;
+                }
+                taken += size;
+                n += 1;
+            }
+            buf.bytes -= taken;
+            let rest = buf.subs.split_off(n);
+            std::mem::replace(&mut buf.subs, rest)
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.last_put = Some(Instant::now());
+        let (bytes, chunks) = encode(self.epoch, seq, subs);
+        let key = format::object_key(self.epoch, seq);
+        let store = self.store.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            upload(&*store, &key, bytes, &shared).await?;
+            Ok(Encoded { key, seq, chunks })
+        })
+    }
+
+    async fn complete(&mut self, encoded: Encoded) {
+        let stats = &self.shared.stats;
+        stats.objects_written.fetch_add(1, Ordering::Relaxed);
+        for chunk in &encoded.chunks {
+            if let Some(listener) = &chunk.listener {
+                for (op_no, op) in &chunk.ops {
+                    listener.on_durable(*op_no, op);
+                }
+            }
+            stats.ops_written.fetch_add(chunk.ops.len() as u64, Ordering::Relaxed);
+        }
+        let flushed = FlushedObject {
+            key: encoded.key,
+            epoch: self.epoch,
+            seq: encoded.seq,
+            chunks: encoded.chunks,
+        };
+        // Bounded channel: a slow metadata store slows the log down instead of
+        // growing memory without limit.
+        let _ = self.indexer.send(flushed).await;
+    }
+
+    fn fail_buffer(&self) {
+        let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
+        buf.subs.clear();
+        buf.bytes = 0;
+        buf.closed = true;
+    }
+}
+
+/// Packs submissions into one object: header, then one chunk per stream, each
+/// stream's ops in submission order.
+fn encode(epoch: u64, seq: u64, subs: Vec<Submission>) -> (Bytes, Vec<FlushedChunk>) {
+    let mut order: HashMap<u64, usize> = HashMap::new();
+    let mut groups: Vec<(u64, Arc<dyn DurableListener>, Vec<(u64, Op)>)> = Vec::new();
+    let mut size = format::HEADER_LEN;
+    for sub in subs {
+        size += format::encoded_len(&sub.op) + format::CHUNK_HEADER_LEN;
+        match order.get(&sub.stream_id) {
+            Some(&i) => groups[i].2.push((sub.op_no, sub.op)),
+            None => {
+                order.insert(sub.stream_id, groups.len());
+                groups.push((sub.stream_id, sub.listener, vec![(sub.op_no, sub.op)]));
+            }
+        }
+    }
+    let mut out = BytesMut::with_capacity(size + 16 * groups.len());
+    format::encode_header(&mut out, epoch, seq, groups.len() as u32);
+    let mut chunks = Vec::with_capacity(groups.len());
+    for (stream_id, listener, ops) in groups {
+        let range = format::encode_chunk(&mut out, stream_id, ops.iter().map(|(_, op)| op));
+        chunks.push(FlushedChunk {
+            stream_id,
+            range: range.start as u64..range.end as u64,
+            ops,
+            listener: Some(listener),
+        });
+    }
+    (out.freeze(), chunks)
+}
+
+/// Writes one object create-only, retrying transient failures until it lands.
+/// `Err` means this node is fenced: the key exists with other bytes.
+async fn upload(store: &dyn ObjectStore, key: &str, bytes: Bytes, shared: &Shared) -> Result<(), ()> {
+    let path = Path::from(key);
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(10);
+    let mut attempt = 0u32;
+    loop {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        let err = match store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
+            Ok(_) => {
+                mark_healthy(shared);
+                shared.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                // Either an earlier attempt of ours landed (its response was lost), or
+                // a newer incarnation sealed this key to fence us. The bytes tell.
+                match store.get(&path).await {
+                    Ok(existing) => match existing.bytes().await {
+                        Ok(existing) if existing == bytes => {
+                            mark_healthy(shared);
+                            return Ok(());
+                        }
+                        Ok(_) => {
+                            tracing::error!(key, "WAL key taken by another writer: this node is fenced");
+                            return Err(());
+                        }
+                        Err(e) => e,
+                    },
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        attempt += 1;
+        shared.stats.upload_retries.fetch_add(1, Ordering::Relaxed);
+        if started.elapsed() >= shared.config.store_down_after {
+            let msg = err.to_string();
+            shared.health.send_if_modified(|h| {
+                if *h == WalHealth::Ok {
+                    *h = WalHealth::StoreDown(msg);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        if attempt == 1 || attempt.is_power_of_two() {
+            tracing::warn!(key, attempt, error = %err, "WAL upload failed; retrying");
+        }
+        let jitter = fastrand::u64(0..=backoff.as_millis() as u64 / 2 + 1);
+        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+        backoff = (backoff * 2).min(shared.config.retry_backoff_max);
+    }
+}
+
+fn mark_healthy(shared: &Shared) {
+    shared.health.send_if_modified(|h| {
+        if matches!(h, WalHealth::StoreDown(_)) {
+            tracing::info!("object store reachable again");
+            *h = WalHealth::Ok;
+            true
+        } else {
+            false
+        }
+    });
+}

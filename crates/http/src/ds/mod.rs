@@ -1,0 +1,78 @@
+//! The Durable Streams protocol on any URL path: thin translations of PUT / POST /
+//! GET / HEAD / DELETE onto the stream service. Parsing lives in `headers` and
+//! `query`, error mapping in `error`; handlers only wire them together.
+
+mod query;
+mod read;
+mod sse;
+mod write;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+pub use query::percent_decode;
+
+pub type HttpResult = Result<Response<Body>, ApiError>;
+
+/// Entry point for every request that is not a reserved path.
+pub async fn handle(
+    State(app): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    if method == Method::OPTIONS {
+        return Ok(Response::builder().status(StatusCode::NO_CONTENT).body(Body::empty()).expect("static response"));
+    }
+    let name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
+    if name.starts_with("__") {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "reserved_path",
+            "paths whose first segment starts with __ are reserved for server APIs",
+        ));
+    }
+    match method {
+        Method::PUT => write::create(&app, name, &headers, body).await,
+        Method::POST => write::append(&app, name, &headers, body).await,
+        Method::DELETE => write::delete(&app, name).await,
+        Method::HEAD => read::head(&app, name).await,
+        Method::GET => read::get(&app, name, uri.query(), &headers).await,
+        _ => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{method} is not supported on a stream; use PUT, POST, GET, HEAD or DELETE"),
+        )
+        .with_header("allow", "GET, POST, PUT, DELETE, HEAD, OPTIONS")),
+    }
+}
+
+/// Reads a request body, refusing more than `limit` bytes with 413.
+pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.to_string().contains("length limit"))
+            || e.to_string().contains("length limit");
+        if too_large {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body exceeds the limit of {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+        }
+    })
+}
+
+/// A header value from server-controlled or validated text.
+pub fn value(s: impl AsRef<str>) -> HeaderValue {
+    HeaderValue::from_str(s.as_ref()).unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
+}

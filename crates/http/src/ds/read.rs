@@ -1,0 +1,172 @@
+//! HEAD (metadata), and GET reads: catch-up, `offset=now`, and long-poll. SSE lives in
+//! `sse`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Response, StatusCode};
+use bytes::{BufMut, Bytes, BytesMut};
+use picomq_engine::{OffsetQuery, ReadChunk, StreamRef, WaitOutcome};
+
+use super::{query, value, HttpResult};
+use crate::cursor::next_cursor;
+use crate::error::ApiError;
+use crate::headers::*;
+use crate::AppState;
+
+/// Catch-up chunks that are not at the tail never change: let caches keep them.
+const CACHE_IMMUTABLE_CHUNK: &str = "public, max-age=60, stale-while-revalidate=300";
+/// At the tail more data may come: caches must revalidate (ETag) every time.
+const CACHE_AT_TAIL: &str = "no-cache";
+
+pub async fn head(app: &AppState, name: String) -> HttpResult {
+    let info = app.engine.head(&name).await?;
+    let mut r = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, value(&info.content_type))
+        .header(STREAM_NEXT_OFFSET, info.tail.to_string())
+        .header(header::CACHE_CONTROL, "no-store")
+        .header(header::ETAG, format!("\"{}:-1:{}{}\"", info.id, info.tail, if info.closed { ":c" } else { "" }));
+    if info.closed {
+        r = r.header(STREAM_CLOSED, "true");
+    }
+    if let Some(ttl) = info.ttl_secs {
+        r = r.header(STREAM_TTL, ttl);
+    }
+    if let Some(at) = &info.expires_at {
+        r = r.header(STREAM_EXPIRES_AT, value(at));
+    }
+    Ok(r.body(Body::empty()).expect("valid response"))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Live {
+    CatchUp,
+    LongPoll,
+    Sse,
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub async fn get(app: &Arc<AppState>, name: String, raw_query: Option<&str>, headers: &HeaderMap) -> HttpResult {
+    let params = query::read_params(raw_query)?;
+    let live = match params.live.as_deref() {
+        None | Some("") | Some("false") => Live::CatchUp,
+        Some("long-poll") => Live::LongPoll,
+        Some("sse") => Live::Sse,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("live={other:?} is not a read mode; use long-poll or sse")))
+        }
+    };
+    if live != Live::CatchUp && params.offset.is_none() {
+        return Err(ApiError::bad_request("live reads need an offset (use -1 for the beginning, now for the tail)"));
+    }
+    let offset_param = params.offset.as_deref().unwrap_or("-1");
+    let query = OffsetQuery::parse(offset_param).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let stream = app.engine.stream(&name).await?;
+    app.engine.touch(&stream);
+    let tail = stream.info().tail;
+    let from = match query {
+        OffsetQuery::Start => picomq_engine::Offset::ZERO,
+        OffsetQuery::Now => tail,
+        OffsetQuery::At(o) => o,
+    };
+    match live {
+        Live::Sse => return Ok(super::sse::respond(app.clone(), stream, from, params.cursor)),
+        Live::CatchUp if query == OffsetQuery::Now => return Ok(now_response(&stream)),
+        _ => {}
+    }
+    let max = app.engine.config().read_bytes_max;
+    let mut chunk = app.engine.read(&stream, from, max).await?;
+    let cursor = (live == Live::LongPoll).then(|| next_cursor(now_secs(), params.cursor.as_deref()));
+    if live == Live::LongPoll && chunk.segments.is_empty() {
+        if !chunk.closed {
+            let outcome = app.engine.wait(&stream, from, app.long_poll_timeout).await?;
+            app.engine.touch(&stream);
+            if let WaitOutcome::Ready = outcome {
+                chunk = app.engine.read(&stream, from, max).await?;
+            }
+        }
+        if chunk.segments.is_empty() {
+            let mut r = Response::builder()
+                .status(StatusCode::NO_CONTENT)
+                .header(STREAM_NEXT_OFFSET, chunk.next.to_string())
+                .header(STREAM_UP_TO_DATE, "true")
+                .header(header::CACHE_CONTROL, "no-store");
+            if chunk.closed {
+                r = r.header(STREAM_CLOSED, "true");
+            } else if let Some(c) = cursor {
+                r = r.header(STREAM_CURSOR, c);
+            }
+            return Ok(r.body(Body::empty()).expect("valid response"));
+        }
+    }
+    let etag = format!("\"{}:{}:{}{}\"", stream.info().id, offset_param, chunk.next, if chunk.closed { ":c" } else { "" });
+    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+        return Ok(Response::builder()
+            .status(StatusCode::NOT_MODIFIED)
+            .header(header::ETAG, etag)
+            .body(Body::empty())
+            .expect("valid response"));
+    }
+    let mut r = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, value(&stream.handle.config.content_type))
+        .header(STREAM_NEXT_OFFSET, chunk.next.to_string())
+        .header(header::ETAG, etag)
+        .header(header::CACHE_CONTROL, if chunk.up_to_date { CACHE_AT_TAIL } else { CACHE_IMMUTABLE_CHUNK });
+    if chunk.up_to_date {
+        r = r.header(STREAM_UP_TO_DATE, "true");
+    }
+    if chunk.closed {
+        r = r.header(STREAM_CLOSED, "true");
+    }
+    if let Some(c) = cursor.filter(|_| !chunk.closed) {
+        r = r.header(STREAM_CURSOR, c);
+    }
+    Ok(r.body(Body::from(body_of(&chunk))).expect("valid response"))
+}
+
+/// `offset=now` catch-up: no data, just where the tail is.
+fn now_response(stream: &StreamRef) -> Response<Body> {
+    let info = stream.info();
+    let json = stream.handle.config.json;
+    let mut r = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, value(&info.content_type))
+        .header(STREAM_NEXT_OFFSET, info.tail.to_string())
+        .header(STREAM_UP_TO_DATE, "true")
+        .header(header::CACHE_CONTROL, "no-store");
+    if info.closed {
+        r = r.header(STREAM_CLOSED, "true");
+    }
+    r.body(Body::from(if json { "[]" } else { "" })).expect("valid response")
+}
+
+/// The response body of a read: the bytes, or for JSON streams a JSON array of the
+/// messages.
+pub fn body_of(chunk: &ReadChunk) -> Bytes {
+    let len: usize = chunk.segments.iter().map(|s| s.len() + 1).sum::<usize>() + 2;
+    if !chunk.json && chunk.segments.len() == 1 {
+        return chunk.segments[0].clone();
+    }
+    let mut out = BytesMut::with_capacity(len);
+    if chunk.json {
+        out.put_u8(b'[');
+        for (i, seg) in chunk.segments.iter().enumerate() {
+            if i > 0 {
+                out.put_u8(b',');
+            }
+            out.put_slice(seg);
+        }
+        out.put_u8(b']');
+    } else {
+        for seg in &chunk.segments {
+            out.put_slice(seg);
+        }
+    }
+    out.freeze()
+}

@@ -1,0 +1,143 @@
+//! `live=sse`: data events with the stream's bytes (base64 for binary content types,
+//! a JSON array for JSON streams), each followed by a control event carrying the next
+//! offset. The connection ends after `sse_max_duration` so caches can collapse
+//! readers, or at once when the stream is closed and fully delivered.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{header, Response, StatusCode};
+use base64::Engine as _;
+use bytes::Bytes;
+use picomq_engine::{EngineError, Offset, StreamRef, WaitOutcome};
+use tokio::sync::mpsc;
+
+use super::read::{body_of, now_secs};
+use crate::cursor::next_cursor;
+use crate::headers::STREAM_SSE_DATA_ENCODING;
+use crate::AppState;
+
+#[derive(Clone, Copy)]
+enum Encoding {
+    Text,
+    Base64,
+}
+
+pub fn respond(app: Arc<AppState>, stream: StreamRef, from: Offset, cursor: Option<String>) -> Response<Body> {
+    let media = picomq_engine::stream::media_type(&stream.handle.config.content_type);
+    let encoding = if media.starts_with("text/") || media == "application/json" { Encoding::Text } else { Encoding::Base64 };
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    app.live_readers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tokio::spawn(async move {
+        if let Err(e) = pump(&app, &stream, from, cursor, encoding, &tx).await {
+            tracing::debug!(stream = %stream.handle.config.name, error = %e, "SSE ended");
+        }
+        app.live_readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
+    let mut r = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no");
+    if let Encoding::Base64 = encoding {
+        r = r.header(STREAM_SSE_DATA_ENCODING, "base64");
+    }
+    r.body(Body::from_stream(body)).expect("valid response")
+}
+
+/// Why the event loop stopped early: the client left, or the stream went away.
+#[derive(Debug, thiserror::Error)]
+enum Stop {
+    #[error("client disconnected")]
+    Disconnected,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+async fn pump(
+    app: &AppState,
+    stream: &StreamRef,
+    mut offset: Offset,
+    client_cursor: Option<String>,
+    encoding: Encoding,
+    tx: &mpsc::Sender<Bytes>,
+) -> Result<(), Stop> {
+    let started = Instant::now();
+    let send = |b: String| async move { tx.send(Bytes::from(b)).await.map_err(|_| Stop::Disconnected) };
+    loop {
+        let chunk = app.engine.read(stream, offset, app.engine.config().read_bytes_max).await?;
+        if !chunk.segments.is_empty() {
+            send(data_event(&body_of(&chunk), encoding)).await?;
+        }
+        offset = chunk.next;
+        let control = if chunk.closed {
+            serde_json::json!({ "streamNextOffset": offset.to_string(), "streamClosed": true, "upToDate": true })
+        } else {
+            let cursor = next_cursor(now_secs(), client_cursor.as_deref()).to_string();
+            let mut c = serde_json::json!({ "streamNextOffset": offset.to_string(), "streamCursor": cursor });
+            if chunk.up_to_date {
+                c["upToDate"] = serde_json::Value::Bool(true);
+            }
+            c
+        };
+        send(format!("event: control\ndata:{control}\n\n")).await?;
+        if chunk.closed {
+            return Ok(());
+        }
+        if !chunk.up_to_date {
+            continue;
+        }
+        let remaining = app.sse_max_duration.saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            return Ok(());
+        }
+        let timeout = remaining.min(app.long_poll_timeout);
+        // Wake on new data, on close, or when the client goes away.
+        let outcome = tokio::select! {
+            r = app.engine.wait(stream, offset, timeout) => r?,
+            _ = tx.closed() => return Err(Stop::Disconnected),
+        };
+        app.engine.touch(stream);
+        if let WaitOutcome::TimedOut = outcome {
+            if started.elapsed() >= app.sse_max_duration {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// One `data` event; every line of the payload gets its own `data:` field.
+fn data_event(payload: &[u8], encoding: Encoding) -> String {
+    let text = match encoding {
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(payload),
+        Encoding::Text => String::from_utf8_lossy(payload).into_owned(),
+    };
+    let mut out = String::with_capacity(text.len() + 32);
+    out.push_str("event: data\n");
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        for piece in line.split('\r') {
+            // A parser drops one space after the colon: add one only when the
+            // line itself starts with a space, so that space survives.
+            out.push_str(if piece.starts_with(' ') { "data: " } else { "data:" });
+            out.push_str(piece);
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multiline_payloads_keep_their_lines() {
+        assert_eq!(data_event(b"a\nb", Encoding::Text), "event: data\ndata:a\ndata:b\n\n");
+        assert_eq!(data_event(&[0, 1, 2], Encoding::Base64), "event: data\ndata:AAEC\n\n");
+    }
+}

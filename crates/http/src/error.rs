@@ -1,0 +1,87 @@
+//! The one place where errors become HTTP responses: a status code, the protocol
+//! headers a client needs to react (Stream-Closed, Producer-Epoch, ...), and a JSON
+//! body `{"error": {"code": ..., "message": ...}}` saying what was wrong.
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::response::IntoResponse;
+use picomq_engine::EngineError;
+
+use crate::headers::*;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into(), headers: Vec::new() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+    pub fn with_header(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.headers.push((name, value.to_string()));
+        self
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        use EngineError as E;
+        match e {
+            E::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
+            E::Gone => ApiError::new(StatusCode::GONE, "gone", message),
+            E::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message),
+            E::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            E::ContentTypeMismatch { .. } => ApiError::new(StatusCode::CONFLICT, "content_type_mismatch", message),
+            E::StreamClosed { tail } => ApiError::new(StatusCode::CONFLICT, "stream_closed", message)
+                .with_header(STREAM_CLOSED, "true")
+                .with_header(STREAM_NEXT_OFFSET, tail),
+            E::StreamSeqConflict { .. } => ApiError::new(StatusCode::CONFLICT, "stream_seq_conflict", message),
+            E::ProducerStaleEpoch { current, .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "producer_stale_epoch", message).with_header(PRODUCER_EPOCH, current)
+            }
+            E::ProducerEpochMustStartAtZero => ApiError::new(StatusCode::BAD_REQUEST, "producer_epoch_seq", message),
+            E::ProducerSeqGap { expected, received } => {
+                ApiError::new(StatusCode::CONFLICT, "producer_seq_gap", message)
+                    .with_header(PRODUCER_EXPECTED_SEQ, expected)
+                    .with_header(PRODUCER_RECEIVED_SEQ, received)
+            }
+            E::ForkSourceNotFound => ApiError::new(StatusCode::NOT_FOUND, "fork_source_not_found", message),
+            E::PayloadTooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message),
+            E::Overloaded(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message).with_header("retry-after", 1)
+            }
+            E::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).with_header("retry-after", 1)
+            }
+            E::Internal(_) => {
+                tracing::error!(error = %message, "internal error");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let mut resp = Response::new(Body::from(body.to_string()));
+        *resp.status_mut() = self.status;
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        for (name, value) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                h.insert(name, v);
+            }
+        }
+        resp
+    }
+}

@@ -1,0 +1,82 @@
+//! Header names and header parsing: the one place that knows how a Durable Streams
+//! header is spelled and what values it accepts.
+
+use axum::http::HeaderMap;
+
+use crate::error::ApiError;
+
+pub const STREAM_NEXT_OFFSET: &str = "stream-next-offset";
+pub const STREAM_UP_TO_DATE: &str = "stream-up-to-date";
+pub const STREAM_CURSOR: &str = "stream-cursor";
+pub const STREAM_CLOSED: &str = "stream-closed";
+pub const STREAM_TTL: &str = "stream-ttl";
+pub const STREAM_EXPIRES_AT: &str = "stream-expires-at";
+pub const STREAM_SEQ: &str = "stream-seq";
+pub const STREAM_FORKED_FROM: &str = "stream-forked-from";
+pub const STREAM_FORK_OFFSET: &str = "stream-fork-offset";
+pub const STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
+pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
+pub const PRODUCER_ID: &str = "producer-id";
+pub const PRODUCER_EPOCH: &str = "producer-epoch";
+pub const PRODUCER_SEQ: &str = "producer-seq";
+pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
+pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
+pub const REQUEST_ID: &str = "x-request-id";
+
+pub const CORS_ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
+pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
+pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
+
+/// Largest integer a JavaScript client can represent exactly (2^53 - 1).
+pub const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
+
+/// A header's value as text; `Err` if present but not visible ASCII.
+pub fn text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("header {name} is not valid ASCII text"))),
+    }
+}
+
+/// `Stream-Closed` counts only when it is exactly `true` (any case); other values are ignored.
+pub fn flag_true(headers: &HeaderMap, name: &str) -> bool {
+    headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// A non-negative decimal integer without sign, leading zeros or exponent, at most `max`.
+pub fn strict_uint(raw: &str, name: &str, max: u64) -> Result<u64, ApiError> {
+    let well_formed = !raw.is_empty()
+        && raw.bytes().all(|b| b.is_ascii_digit())
+        && (raw == "0" || !raw.starts_with('0'))
+        && raw.len() <= 20;
+    let value = well_formed.then(|| raw.parse::<u64>().ok()).flatten().filter(|v| *v <= max);
+    value.ok_or_else(|| {
+        ApiError::bad_request(format!("{name} must be a non-negative integer without sign or leading zeros, at most {max}"))
+    })
+}
+
+/// Digits only (leading zeros allowed), at most 2^53-1: the producer epoch/seq rule.
+pub fn producer_uint(raw: &str, name: &str) -> Result<u64, ApiError> {
+    let value = (!raw.is_empty() && raw.len() <= 20 && raw.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| raw.parse::<u64>().ok())
+        .flatten()
+        .filter(|v| *v <= JS_SAFE_INTEGER_MAX);
+    value.ok_or_else(|| ApiError::bad_request(format!("{name} must be a non-negative integer at most 2^53-1")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_uint_rejects_lookalikes() {
+        assert_eq!(strict_uint("3600", "t", u64::MAX).unwrap(), 3600);
+        assert_eq!(strict_uint("0", "t", u64::MAX).unwrap(), 0);
+        for bad in ["+3600", "03600", "3600.0", "3.6e3", "", " 1", "-1", "1a"] {
+            assert!(strict_uint(bad, "t", u64::MAX).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! `picomq`: the one binary. `serve` runs the server; the client, admin and benchmark
+//! commands talk HTTP to any server.
+
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "picomq", version, about = "Durable, real-time streams over HTTP, stored in object storage")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (defaults: 127.0.0.1:4437, data in ./picomq-data).
+    Serve(Box<serve::ServeArgs>),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve::run(*args)),
+    }
+}
