@@ -21,7 +21,10 @@ pub struct IndexerProgress {
     pub failures: Arc<AtomicU64>,
 }
 
-pub fn spawn(meta: Meta, mut rx: mpsc::Receiver<FlushedObject>) -> (JoinHandle<()>, IndexerProgress) {
+pub fn spawn(
+    meta: Meta,
+    mut rx: mpsc::Receiver<FlushedObject>,
+) -> (JoinHandle<()>, IndexerProgress) {
     let (applied_tx, applied) = watch::channel(0u64);
     let failures = Arc::new(AtomicU64::new(0));
     let failures_task = failures.clone();
@@ -45,7 +48,9 @@ pub fn spawn(meta: Meta, mut rx: mpsc::Receiver<FlushedObject>) -> (JoinHandle<(
             }
             for object in &batch {
                 for chunk in &object.chunks {
-                    if let (Some(listener), Some((last_op, _))) = (&chunk.listener, chunk.ops.last()) {
+                    if let (Some(listener), Some((last_op, _))) =
+                        (&chunk.listener, chunk.ops.last())
+                    {
                         listener.on_indexed(*last_op);
                     }
                 }

@@ -18,6 +18,6 @@ pub use config::{EngineConfig, WalConfig};
 pub use error::{EngineError, Result};
 pub use offset::{Offset, OffsetError, OffsetQuery};
 pub use stream::{
-    AppendOutcome, AppendRequest, CreateRequest, Engine, ForkRequest, ProducerHeaders, ReadChunk, StreamInfo,
-    StreamRef, WaitOutcome,
+    AppendOutcome, AppendRequest, CreateRequest, Engine, ForkRequest, ProducerHeaders, ReadChunk,
+    StreamInfo, StreamRef, WaitOutcome,
 };

@@ -80,12 +80,26 @@ mod tests {
         let b = Offset(10);
         assert_eq!(Offset::parse(&a.to_string()), Ok(a));
         assert!(a.to_string() < b.to_string());
-        assert_eq!(Offset::ZERO.to_string(), "0000000000000000_0000000000000000");
+        assert_eq!(
+            Offset::ZERO.to_string(),
+            "0000000000000000_0000000000000000"
+        );
     }
 
     #[test]
     fn rejects_foreign_shapes() {
-        for bad in ["", "abc", "1_", "_1", "1_2_3", "0001_0", "../x", "0,1", "-2", "0_99999999999999999"] {
+        for bad in [
+            "",
+            "abc",
+            "1_",
+            "_1",
+            "1_2_3",
+            "0001_0",
+            "../x",
+            "0,1",
+            "-2",
+            "0_99999999999999999",
+        ] {
             assert!(Offset::parse(bad).is_err(), "{bad} should be rejected");
         }
         assert_eq!(OffsetQuery::parse("-1"), Ok(OffsetQuery::Start));

@@ -36,7 +36,12 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             epochs.entry(epoch).or_default().insert(seq);
         }
     }
-    let max_epoch = epochs.keys().next_back().copied().unwrap_or(0).max(meta.node_epoch().await?);
+    let max_epoch = epochs
+        .keys()
+        .next_back()
+        .copied()
+        .unwrap_or(0)
+        .max(meta.node_epoch().await?);
     let mut replayed = 0;
     for (&epoch, seqs) in &epochs {
         let mut seq = match watermark {
@@ -61,15 +66,27 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
     }
     let epoch = max_epoch + 1;
     meta.set_state_value("node_epoch", epoch).await?;
-    Ok(Recovered { epoch, objects_replayed: replayed })
+    Ok(Recovered {
+        epoch,
+        objects_replayed: replayed,
+    })
 }
 
 /// Writes the seal at `key`; `false` if the key already exists.
 async fn seal(store: &dyn ObjectStore, key: &str, by_epoch: u64) -> Result<bool> {
     // Unique bytes per sealer, so two seals never look alike.
-    let body = format!("PMQS sealed by epoch {by_epoch} nonce {}", fastrand::u64(..));
-    let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-    match store.put_opts(&Path::from(key), PutPayload::from(Bytes::from(body)), opts).await {
+    let body = format!(
+        "PMQS sealed by epoch {by_epoch} nonce {}",
+        fastrand::u64(..)
+    );
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store
+        .put_opts(&Path::from(key), PutPayload::from(Bytes::from(body)), opts)
+        .await
+    {
         Ok(_) => Ok(true),
         Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
         Err(e) => Err(e.into()),

@@ -19,7 +19,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), headers: Vec::new() }
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            headers: Vec::new(),
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
@@ -39,27 +44,40 @@ impl From<EngineError> for ApiError {
             E::Gone => ApiError::new(StatusCode::GONE, "gone", message),
             E::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message),
             E::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
-            E::ContentTypeMismatch { .. } => ApiError::new(StatusCode::CONFLICT, "content_type_mismatch", message),
-            E::StreamClosed { tail } => ApiError::new(StatusCode::CONFLICT, "stream_closed", message)
-                .with_header(STREAM_CLOSED, "true")
-                .with_header(STREAM_NEXT_OFFSET, tail),
-            E::StreamSeqConflict { .. } => ApiError::new(StatusCode::CONFLICT, "stream_seq_conflict", message),
-            E::ProducerStaleEpoch { current, .. } => {
-                ApiError::new(StatusCode::FORBIDDEN, "producer_stale_epoch", message).with_header(PRODUCER_EPOCH, current)
+            E::ContentTypeMismatch { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "content_type_mismatch", message)
             }
-            E::ProducerEpochMustStartAtZero => ApiError::new(StatusCode::BAD_REQUEST, "producer_epoch_seq", message),
+            E::StreamClosed { tail } => {
+                ApiError::new(StatusCode::CONFLICT, "stream_closed", message)
+                    .with_header(STREAM_CLOSED, "true")
+                    .with_header(STREAM_NEXT_OFFSET, tail)
+            }
+            E::StreamSeqConflict { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "stream_seq_conflict", message)
+            }
+            E::ProducerStaleEpoch { current, .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "producer_stale_epoch", message)
+                    .with_header(PRODUCER_EPOCH, current)
+            }
+            E::ProducerEpochMustStartAtZero => {
+                ApiError::new(StatusCode::BAD_REQUEST, "producer_epoch_seq", message)
+            }
             E::ProducerSeqGap { expected, received } => {
                 ApiError::new(StatusCode::CONFLICT, "producer_seq_gap", message)
                     .with_header(PRODUCER_EXPECTED_SEQ, expected)
                     .with_header(PRODUCER_RECEIVED_SEQ, received)
             }
-            E::ForkSourceNotFound => ApiError::new(StatusCode::NOT_FOUND, "fork_source_not_found", message),
-            E::PayloadTooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message),
-            E::Overloaded(_) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message).with_header("retry-after", 1)
+            E::ForkSourceNotFound => {
+                ApiError::new(StatusCode::NOT_FOUND, "fork_source_not_found", message)
             }
+            E::PayloadTooLarge(_) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+            }
+            E::Overloaded(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message)
+                .with_header("retry-after", 1),
             E::Unavailable(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message).with_header("retry-after", 1)
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+                    .with_header("retry-after", 1)
             }
             E::Internal(_) => {
                 tracing::error!(error = %message, "internal error");
@@ -75,7 +93,10 @@ impl IntoResponse for ApiError {
         let mut resp = Response::new(Body::from(body.to_string()));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         for (name, value) in self.headers {
             if let Ok(v) = HeaderValue::from_str(&value) {

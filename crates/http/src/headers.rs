@@ -43,7 +43,10 @@ pub fn text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, A
 
 /// `Stream-Closed` counts only when it is exactly `true` (any case); other values are ignored.
 pub fn flag_true(headers: &HeaderMap, name: &str) -> bool {
-    headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 /// A non-negative decimal integer without sign, leading zeros or exponent, at most `max`.
@@ -52,9 +55,14 @@ pub fn strict_uint(raw: &str, name: &str, max: u64) -> Result<u64, ApiError> {
         && raw.bytes().all(|b| b.is_ascii_digit())
         && (raw == "0" || !raw.starts_with('0'))
         && raw.len() <= 20;
-    let value = well_formed.then(|| raw.parse::<u64>().ok()).flatten().filter(|v| *v <= max);
+    let value = well_formed
+        .then(|| raw.parse::<u64>().ok())
+        .flatten()
+        .filter(|v| *v <= max);
     value.ok_or_else(|| {
-        ApiError::bad_request(format!("{name} must be a non-negative integer without sign or leading zeros, at most {max}"))
+        ApiError::bad_request(format!(
+            "{name} must be a non-negative integer without sign or leading zeros, at most {max}"
+        ))
     })
 }
 
@@ -64,7 +72,11 @@ pub fn producer_uint(raw: &str, name: &str) -> Result<u64, ApiError> {
         .then(|| raw.parse::<u64>().ok())
         .flatten()
         .filter(|v| *v <= JS_SAFE_INTEGER_MAX);
-    value.ok_or_else(|| ApiError::bad_request(format!("{name} must be a non-negative integer at most 2^53-1")))
+    value.ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "{name} must be a non-negative integer at most 2^53-1"
+        ))
+    })
 }
 
 #[cfg(test)]

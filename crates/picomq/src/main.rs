@@ -6,7 +6,11 @@ mod serve;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "picomq", version, about = "Durable, real-time streams over HTTP, stored in object storage")]
+#[command(
+    name = "picomq",
+    version,
+    about = "Durable, real-time streams over HTTP, stored in object storage"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,7 +24,10 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
     }

@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// Accepted-but-not-durable bytes; beyond this appends get 503.
     #[arg(long, env = "PICOMQ_WAL_BUFFER_BYTES", default_value_t = WalConfig::default().buffer_bytes_max)]
     pub wal_buffer_bytes: usize,
+    /// Testing and benchmarks only: add this latency to every object-store request
+    /// (e.g. 20ms to behave like S3 on a local directory).
+    #[arg(long, env = "PICOMQ_STORE_LATENCY", value_parser = duration)]
+    pub store_latency: Option<Duration>,
     /// Log format: text or json.
     #[arg(long, env = "PICOMQ_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -78,8 +82,11 @@ pub struct ServeArgs {
 }
 
 fn init_logging(args: &ServeArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).map_err(|e| format!("--log {:?}: {e}", args.log))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .map_err(|e| format!("--log {:?}: {e}", args.log))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if args.log_format == "json" {
         builder.json().init();
     } else {
@@ -89,7 +96,13 @@ fn init_logging(args: &ServeArgs) -> Result<(), String> {
 }
 
 fn engine_config(args: &ServeArgs) -> Result<EngineConfig, String> {
-    let positive = |name: &str, v: usize| if v == 0 { Err(format!("--{name} must be greater than 0")) } else { Ok(v) };
+    let positive = |name: &str, v: usize| {
+        if v == 0 {
+            Err(format!("--{name} must be greater than 0"))
+        } else {
+            Ok(v)
+        }
+    };
     if let Some(rate) = args.max_writes_per_sec {
         if !(rate.is_finite() && rate > 0.0) {
             return Err("--max-writes-per-sec must be a positive number".into());
@@ -132,23 +145,45 @@ pub async fn run(args: ServeArgs) -> ExitCode {
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let config = engine_config(&args)?;
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
-    let store_url = args.store.clone().unwrap_or_else(|| format!("file://{}", data_dir.join("objects").display()));
+    let store_url = args
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("file://{}", data_dir.join("objects").display()));
     let in_memory = store_url.starts_with("memory:");
     let meta_url = match &args.meta {
         Some(m) => m.clone(),
         None if in_memory => "sqlite::memory:".to_string(),
         None => {
-            std::fs::create_dir_all(&data_dir).map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
+            std::fs::create_dir_all(&data_dir)
+                .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
             format!("sqlite://{}", data_dir.join("meta.sqlite").display())
         }
     };
-    let store = store::open(&store_url).map_err(|e| format!("--store: {e}"))?;
-    let meta = Meta::open(&meta_url).await.map_err(|e| format!("--meta: {e}"))?;
+    let mut store = store::open(&store_url).map_err(|e| format!("--store: {e}"))?;
+    if let Some(latency) = args.store_latency {
+        let (faulty, control) = store::fault::FaultyStore::new(store);
+        control.set_latency(latency);
+        store = faulty;
+        tracing::warn!(
+            ?latency,
+            "object-store latency injection is on (--store-latency)"
+        );
+    }
+    let meta = Meta::open(&meta_url)
+        .await
+        .map_err(|e| format!("--meta: {e}"))?;
     // Recovery runs before the listener opens: a ready port means a recovered node.
-    let engine = Engine::open(config, store, meta).await.map_err(|e| format!("recovery failed: {e}"))?;
-    let http = HttpConfig { long_poll_timeout: args.long_poll_timeout, sse_max_duration: args.sse_max_duration };
+    let engine = Engine::open(config, store, meta)
+        .await
+        .map_err(|e| format!("recovery failed: {e}"))?;
+    let http = HttpConfig {
+        long_poll_timeout: args.long_poll_timeout,
+        sse_max_duration: args.sse_max_duration,
+    };
     let app = picomq_http::router(engine.clone(), http);
-    let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %local, store = %store_url, meta = %meta_url, epoch = engine.epoch(), "picomq serving");
     use axum::serve::ListenerExt;
@@ -167,7 +202,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     match tokio::time::timeout(Duration::from_secs(20), engine.shutdown()).await {
         Ok(()) => tracing::info!("WAL flushed; bye"),
-        Err(_) => tracing::warn!("WAL did not flush within 20s; unflushed appends were not acknowledged"),
+        Err(_) => {
+            tracing::warn!("WAL did not flush within 20s; unflushed appends were not acknowledged")
+        }
     }
     Ok(())
 }

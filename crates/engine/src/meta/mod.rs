@@ -136,7 +136,10 @@ impl Meta {
     pub async fn watermark(&self) -> Result<Option<Watermark>> {
         let epoch = self.state_value("applied_epoch").await?;
         let next_seq = self.state_value("applied_next_seq").await?;
-        Ok(epoch.map(|epoch| Watermark { epoch, next_seq: next_seq.unwrap_or(0) }))
+        Ok(epoch.map(|epoch| Watermark {
+            epoch,
+            next_seq: next_seq.unwrap_or(0),
+        }))
     }
 
     pub async fn next_stream_id(&self) -> Result<u64> {
@@ -225,7 +228,11 @@ impl Meta {
                                 .await?;
                         }
                         Op::Delete { soft: false } => {
-                            for table in ["DELETE FROM streams WHERE id = ?", "DELETE FROM chunks WHERE stream_id = ?", "DELETE FROM producers WHERE stream_id = ?"] {
+                            for table in [
+                                "DELETE FROM streams WHERE id = ?",
+                                "DELETE FROM chunks WHERE stream_id = ?",
+                                "DELETE FROM producers WHERE stream_id = ?",
+                            ] {
                                 sqlx::query(table).bind(id).execute(&mut *tx).await?;
                             }
                         }
@@ -234,7 +241,10 @@ impl Meta {
             }
         }
         if let Some(last) = objects.last() {
-            for (key, value) in [("applied_epoch", last.epoch), ("applied_next_seq", last.seq + 1)] {
+            for (key, value) in [
+                ("applied_epoch", last.epoch),
+                ("applied_next_seq", last.seq + 1),
+            ] {
                 sqlx::query("INSERT INTO engine_state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
                     .bind(key)
                     .bind(value as i64)
@@ -269,13 +279,19 @@ impl Meta {
     }
 
     pub async fn producers(&self, stream_id: u64) -> Result<HashMap<String, (u64, u64)>> {
-        let rows = sqlx::query("SELECT producer_id, epoch, last_seq FROM producers WHERE stream_id = ?")
-            .bind(stream_id as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT producer_id, epoch, last_seq FROM producers WHERE stream_id = ?")
+                .bind(stream_id as i64)
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .iter()
-            .map(|r| (r.get::<String, _>(0), (r.get::<i64, _>(1) as u64, r.get::<i64, _>(2) as u64)))
+            .map(|r| {
+                (
+                    r.get::<String, _>(0),
+                    (r.get::<i64, _>(1) as u64, r.get::<i64, _>(2) as u64),
+                )
+            })
             .collect())
     }
 
@@ -290,7 +306,12 @@ impl Meta {
     }
 
     /// Index rows of `stream_id` holding data at or after `from`, in offset order.
-    pub async fn chunks_from(&self, stream_id: u64, from: Offset, limit: u32) -> Result<Vec<ChunkRow>> {
+    pub async fn chunks_from(
+        &self,
+        stream_id: u64,
+        from: Offset,
+        limit: u32,
+    ) -> Result<Vec<ChunkRow>> {
         let rows = sqlx::query("SELECT start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE stream_id = ? AND end_pos > ? ORDER BY start_pos LIMIT ?")
             .bind(stream_id as i64)
             .bind(from.0 as i64)
@@ -339,8 +360,6 @@ impl Meta {
     }
 }
 
-
-
 fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
     let fork_source: Option<i64> = r.get(6);
     StreamRow {
@@ -358,7 +377,9 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
         }),
         tail: Offset(r.get::<i64, _>(10) as u64),
         closed: r.get::<i64, _>(11) != 0,
-        closed_by: r.get::<Option<String>, _>(12).and_then(|s| decode_stamp(&s)),
+        closed_by: r
+            .get::<Option<String>, _>(12)
+            .and_then(|s| decode_stamp(&s)),
         stream_seq: r.get(13),
         soft_deleted: r.get::<i64, _>(14) != 0,
         last_access_ms: r.get::<i64, _>(15) as u64,
@@ -373,5 +394,9 @@ fn decode_stamp(s: &str) -> Option<ProducerStamp> {
     let mut parts = s.splitn(3, ':');
     let epoch = parts.next()?.parse().ok()?;
     let seq = parts.next()?.parse().ok()?;
-    Some(ProducerStamp { id: parts.next()?.to_string(), epoch, seq })
+    Some(ProducerStamp {
+        id: parts.next()?.to_string(),
+        epoch,
+        seq,
+    })
 }

@@ -10,6 +10,8 @@ use object_store::ObjectStore;
 
 use crate::error::{EngineError, Result};
 
+pub mod fault;
+
 /// Opens the object store named by `url`:
 /// - `file:///abs/path`: a local directory; every write is fsynced (file and
 ///   directory) before it returns, so an acknowledged append survives power loss.
@@ -35,7 +37,10 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>> {
 /// A durable local-directory store rooted at `dir` (created if missing).
 pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
     std::fs::create_dir_all(dir).map_err(|e| {
-        EngineError::Unavailable(format!("cannot create store directory {}: {e}", dir.display()))
+        EngineError::Unavailable(format!(
+            "cannot create store directory {}: {e}",
+            dir.display()
+        ))
     })?;
     let fs = LocalFileSystem::new_with_prefix(dir)
         .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?

@@ -107,7 +107,13 @@ impl StreamHandle {
         last_access_ms: u64,
         cache_bytes_max: usize,
     ) -> StreamHandle {
-        let (durable, _) = watch::channel(DurableView { op: 0, tail, closed, lifecycle, evicted: false });
+        let (durable, _) = watch::channel(DurableView {
+            op: 0,
+            tail,
+            closed,
+            lifecycle,
+            evicted: false,
+        });
         StreamHandle {
             config,
             state: Mutex::new(State {
@@ -156,7 +162,9 @@ impl StreamHandle {
         if self.config.expires_at_ms.is_some_and(|at| now_ms >= at) {
             return true;
         }
-        self.config.ttl_secs.is_some_and(|ttl| now_ms >= self.last_access_ms().saturating_add(ttl * 1000))
+        self.config
+            .ttl_secs
+            .is_some_and(|ttl| now_ms >= self.last_access_ms().saturating_add(ttl * 1000))
     }
 
     /// Drops the handle from memory if nothing is pending, indexed or waiting.
@@ -194,9 +202,15 @@ impl StreamHandle {
         if from < st.cache_floor {
             return None;
         }
-        let mut out = CachedRead { segments: Vec::new(), flags: Vec::new(), end: from };
+        let mut out = CachedRead {
+            segments: Vec::new(),
+            flags: Vec::new(),
+            end: from,
+        };
         // First record that ends after `from`.
-        let first = st.cache.partition_point(|c| c.start.0 + c.record.data.len() as u64 <= from.0);
+        let first = st
+            .cache
+            .partition_point(|c| c.start.0 + c.record.data.len() as u64 <= from.0);
         let mut taken = 0usize;
         for c in st.cache.iter().skip(first) {
             if c.start >= until || (taken >= max_bytes && !out.segments.is_empty()) {
@@ -212,7 +226,11 @@ impl StreamHandle {
             taken += piece.len();
             out.end = Offset(c.start.0 + hi);
             out.segments.push(piece);
-            out.flags.push(if lo == 0 { c.record.flags } else { c.record.flags & !RECORD_BATCH_START });
+            out.flags.push(if lo == 0 {
+                c.record.flags
+            } else {
+                c.record.flags & !RECORD_BATCH_START
+            });
         }
         Some(out)
     }
@@ -230,14 +248,22 @@ impl DurableListener for StreamHandle {
                 let mut pos = a.start;
                 for record in &a.records {
                     st.cache_bytes += record.data.len();
-                    st.cache.push_back(Cached { start: pos, op_no, record: record.clone() });
+                    st.cache.push_back(Cached {
+                        start: pos,
+                        op_no,
+                        record: record.clone(),
+                    });
                     pos = pos.advance(record.data.len() as u64);
                 }
                 tail = Some(pos);
                 close = a.close;
             }
             Op::Delete { soft } => {
-                lifecycle = Some(if *soft { Lifecycle::SoftDeleted } else { Lifecycle::Deleted });
+                lifecycle = Some(if *soft {
+                    Lifecycle::SoftDeleted
+                } else {
+                    Lifecycle::Deleted
+                });
             }
         }
         // Published under the state lock so no other update interleaves.

@@ -27,21 +27,32 @@ use crate::error::{EngineError, Result};
 use crate::indexer::{self, IndexerProgress};
 use crate::meta::{Meta, StreamRow};
 use crate::offset::Offset;
-use crate::wal::format::{self, AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START};
+use crate::wal::format::{
+    self, AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START,
+};
 use crate::wal::{Submission, Wal, WalStats};
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The media type of a Content-Type value: lowercased, parameters dropped.
 pub fn media_type(content_type: &str) -> String {
-    content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// Parses an RFC 3339 timestamp into milliseconds since the Unix epoch.
 pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
-    let t = time::OffsetDateTime::parse(s.trim(), &time::format_description::well_known::Rfc3339).ok()?;
+    let t = time::OffsetDateTime::parse(s.trim(), &time::format_description::well_known::Rfc3339)
+        .ok()?;
     u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
 }
 
@@ -96,9 +107,18 @@ pub struct AppendRequest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AppendOutcome {
     /// Written (or, for close-only, closed). `producer_seq` echoes the accepted seq.
-    Appended { tail: Offset, closed: bool, producer: Option<(u64, u64)> },
+    Appended {
+        tail: Offset,
+        closed: bool,
+        producer: Option<(u64, u64)>,
+    },
     /// Already written by an earlier request with the same producer stamp.
-    Duplicate { tail: Offset, closed: bool, epoch: u64, last_seq: u64 },
+    Duplicate {
+        tail: Offset,
+        closed: bool,
+        epoch: u64,
+        last_seq: u64,
+    },
 }
 
 /// One catch-up read.
@@ -172,13 +192,27 @@ impl StreamRef {
 impl Engine {
     /// Opens the engine: recovers the metadata from the bucket, then starts the WAL
     /// writer, the indexer and the dormancy sweeper.
-    pub async fn open(config: EngineConfig, store: Arc<dyn ObjectStore>, meta: Meta) -> Result<Engine> {
+    pub async fn open(
+        config: EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+    ) -> Result<Engine> {
         let recovered = crate::recovery::recover(&*store, &meta).await?;
-        tracing::info!(epoch = recovered.epoch, replayed = recovered.objects_replayed, "recovered from the object store");
+        tracing::info!(
+            epoch = recovered.epoch,
+            replayed = recovered.objects_replayed,
+            "recovered from the object store"
+        );
         let next_id = meta.next_stream_id().await?;
         let (index_tx, index_rx) = mpsc::channel(256);
         let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx);
-        let wal = Wal::start(store.clone(), config.wal.clone(), recovered.epoch, 0, index_tx);
+        let wal = Wal::start(
+            store.clone(),
+            config.wal.clone(),
+            recovered.epoch,
+            0,
+            index_tx,
+        );
         let inner = Arc::new(Inner {
             config,
             store,
@@ -228,7 +262,11 @@ impl Engine {
 
     // ---- resolving names --------------------------------------------------------
 
-    fn handle_from_row(&self, row: StreamRow, producers: HashMap<String, (u64, u64)>) -> Result<Arc<StreamHandle>> {
+    fn handle_from_row(
+        &self,
+        row: StreamRow,
+        producers: HashMap<String, (u64, u64)>,
+    ) -> Result<Arc<StreamHandle>> {
         let config = StreamConfig {
             id: row.id,
             json: media_type(&row.content_type) == "application/json",
@@ -242,9 +280,22 @@ impl Engine {
         };
         let producers = producers
             .into_iter()
-            .map(|(id, (epoch, last_seq))| (id, ProducerState { epoch, last_seq, last_op: 0 }))
+            .map(|(id, (epoch, last_seq))| {
+                (
+                    id,
+                    ProducerState {
+                        epoch,
+                        last_seq,
+                        last_op: 0,
+                    },
+                )
+            })
             .collect();
-        let lifecycle = if row.soft_deleted { Lifecycle::SoftDeleted } else { Lifecycle::Live };
+        let lifecycle = if row.soft_deleted {
+            Lifecycle::SoftDeleted
+        } else {
+            Lifecycle::Live
+        };
         // A restart must never shorten a sliding TTL: count the load as an access.
         let last_access = row.last_access_ms.max(row.created_ms);
         Ok(Arc::new(StreamHandle::new(
@@ -288,7 +339,10 @@ impl Engine {
         for _ in 0..16 {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
-                None => match self.load(self.inner.meta.stream_by_name(name).await?).await? {
+                None => match self
+                    .load(self.inner.meta.stream_by_name(name).await?)
+                    .await?
+                {
                     Some(h) => h,
                     None => return Ok(None),
                 },
@@ -298,7 +352,12 @@ impl Engine {
                 continue;
             }
             if view.lifecycle == Lifecycle::Deleted {
-                if self.inner.registry.by_name(name).is_some_and(|h| Arc::ptr_eq(&h, &handle)) {
+                if self
+                    .inner
+                    .registry
+                    .by_name(name)
+                    .is_some_and(|h| Arc::ptr_eq(&h, &handle))
+                {
                     return Ok(None);
                 }
                 continue;
@@ -313,7 +372,9 @@ impl Engine {
             }
             return Ok(Some(handle));
         }
-        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
     }
 
     async fn lookup_id(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {
@@ -330,7 +391,9 @@ impl Engine {
             }
             return Ok(Some(handle));
         }
-        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
     }
 
     /// Resolves a stream for a client operation: 404 if absent, 410 if soft-deleted.
@@ -364,11 +427,14 @@ impl Engine {
                 if view.op >= op_no {
                     return Ok(view);
                 }
-                self.inner.wal.check_health().or_else(|e| match *health.borrow() {
-                    // A store outage delays but does not cancel accepted ops.
-                    crate::wal::WalHealth::StoreDown(_) => Ok(()),
-                    _ => Err(e),
-                })?;
+                self.inner
+                    .wal
+                    .check_health()
+                    .or_else(|e| match *health.borrow() {
+                        // A store outage delays but does not cancel accepted ops.
+                        crate::wal::WalHealth::StoreDown(_) => Ok(()),
+                        _ => Err(e),
+                    })?;
                 tokio::select! {
                     r = rx.changed() => r.map_err(|_| EngineError::Internal("stream dropped".into()))?,
                     r = health.changed() => r.map_err(|_| EngineError::Unavailable("WAL stopped".into()))?,
@@ -386,17 +452,29 @@ impl Engine {
 
     /// Waits until the metadata store reflects every object written so far.
     async fn index_barrier(&self) -> Result<()> {
-        let target = self.inner.wal.stats().objects_written.load(Ordering::Acquire);
+        let target = self
+            .inner
+            .wal
+            .stats()
+            .objects_written
+            .load(Ordering::Acquire);
         let mut applied = self.inner.indexer.applied.clone();
         let wait = async move { applied.wait_for(|a| *a >= target).await.is_ok() };
         match tokio::time::timeout(Duration::from_secs(30), wait).await {
             Ok(true) => Ok(()),
-            _ => Err(EngineError::Unavailable("metadata index is behind; retry".into())),
+            _ => Err(EngineError::Unavailable(
+                "metadata index is behind; retry".into(),
+            )),
         }
     }
 
     fn submit(&self, handle: &Arc<StreamHandle>, op_no: u64, op: Op) -> Result<()> {
-        self.inner.wal.submit(Submission { stream_id: handle.config.id, op_no, op, listener: handle.clone() })
+        self.inner.wal.submit(Submission {
+            stream_id: handle.config.id,
+            op_no,
+            op,
+            listener: handle.clone(),
+        })
     }
 
     // ---- create ------------------------------------------------------------------
@@ -416,7 +494,9 @@ impl Engine {
             )));
         }
         if req.ttl_secs.is_some() && req.expires_at.is_some() {
-            return Err(EngineError::bad_request("Stream-TTL and Stream-Expires-At are mutually exclusive"));
+            return Err(EngineError::bad_request(
+                "Stream-TTL and Stream-Expires-At are mutually exclusive",
+            ));
         }
         let expires_at_ms = match &req.expires_at {
             Some(s) => Some(parse_rfc3339_ms(s).ok_or_else(|| {
@@ -430,7 +510,12 @@ impl Engine {
             None => None,
         };
         for _ in 0..16 {
-            if let Some(existing) = self.inner.registry.by_name(&req.name).or(self.lookup(&req.name).await?) {
+            if let Some(existing) = self
+                .inner
+                .registry
+                .by_name(&req.name)
+                .or(self.lookup(&req.name).await?)
+            {
                 match existing.view().lifecycle {
                     Lifecycle::SoftDeleted => {
                         return Err(EngineError::conflict(
@@ -454,7 +539,9 @@ impl Engine {
                 None => continue, // lost a race for the name; look again
             }
         }
-        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
     }
 
     fn validate_name(&self, name: &str) -> Result<()> {
@@ -472,11 +559,17 @@ impl Engine {
     }
 
     /// Idempotent create: 200 if the existing stream matches the request, else 409.
-    async fn confirm_existing(&self, existing: &Arc<StreamHandle>, req: &CreateRequest) -> Result<StreamInfo> {
+    async fn confirm_existing(
+        &self,
+        existing: &Arc<StreamHandle>,
+        req: &CreateRequest,
+    ) -> Result<StreamInfo> {
         let c = &existing.config;
         let view = existing.view();
         let mismatch = |what: &str| {
-            Err(EngineError::conflict(format!("stream already exists with a different {what}")))
+            Err(EngineError::conflict(format!(
+                "stream already exists with a different {what}"
+            )))
         };
         let wanted_type = match (&req.content_type, &req.fork) {
             (Some(ct), _) => media_type(ct),
@@ -500,7 +593,8 @@ impl Engine {
                 if source.as_ref().map(|s| s.config.id) != Some(origin.source_id) {
                     return mismatch("fork source");
                 }
-                if f.offset.is_some() && f.offset != origin.requested_offset.or(Some(origin.point)) {
+                if f.offset.is_some() && f.offset != origin.requested_offset.or(Some(origin.point))
+                {
                     return mismatch("fork offset");
                 }
                 if f.sub_offset != origin.sub_offset {
@@ -514,12 +608,22 @@ impl Engine {
             }
             _ => return mismatch("fork origin"),
         }
-        Ok(StreamRef { handle: existing.clone() }.info())
+        Ok(StreamRef {
+            handle: existing.clone(),
+        }
+        .info())
     }
 
     /// Creates a new stream; `None` if another request claimed the name first.
-    async fn create_new(&self, req: &CreateRequest, expires_at_ms: Option<u64>) -> Result<Option<StreamInfo>> {
-        let mut content_type = req.content_type.clone().unwrap_or_else(|| "application/octet-stream".into());
+    async fn create_new(
+        &self,
+        req: &CreateRequest,
+        expires_at_ms: Option<u64>,
+    ) -> Result<Option<StreamInfo>> {
+        let mut content_type = req
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".into());
         let mut ttl_secs = req.ttl_secs;
         let mut expires_at = req.expires_at.clone();
         let mut expires_at_ms = expires_at_ms;
@@ -530,7 +634,9 @@ impl Engine {
                 None => return Err(EngineError::ForkSourceNotFound),
             };
             if source.view().lifecycle == Lifecycle::SoftDeleted {
-                return Err(EngineError::conflict("the fork source was deleted and cannot be forked"));
+                return Err(EngineError::conflict(
+                    "the fork source was deleted and cannot be forked",
+                ));
             }
             match &req.content_type {
                 Some(ct) if media_type(ct) != media_type(&source.config.content_type) => {
@@ -544,12 +650,21 @@ impl Engine {
             let tail = source.view().tail;
             let anchor = f.offset.unwrap_or(tail);
             if anchor > tail {
-                return Err(EngineError::bad_request("Stream-Fork-Offset is beyond the source stream's tail"));
+                return Err(EngineError::bad_request(
+                    "Stream-Fork-Offset is beyond the source stream's tail",
+                ));
             }
             if f.sub_offset > 0 && f.offset.is_none() {
-                return Err(EngineError::bad_request("Stream-Fork-Sub-Offset needs an explicit Stream-Fork-Offset"));
+                return Err(EngineError::bad_request(
+                    "Stream-Fork-Sub-Offset needs an explicit Stream-Fork-Offset",
+                ));
             }
-            let point = if f.sub_offset > 0 { self.resolve_sub_offset(&source, anchor, f.sub_offset).await? } else { anchor };
+            let point = if f.sub_offset > 0 {
+                self.resolve_sub_offset(&source, anchor, f.sub_offset)
+                    .await?
+            } else {
+                anchor
+            };
             if ttl_secs.is_none() && expires_at.is_none() {
                 ttl_secs = source.config.ttl_secs;
                 expires_at = source.config.expires_at.clone();
@@ -634,12 +749,27 @@ impl Engine {
 
     /// The fork point `sub` units past `anchor` on `source`: bytes into the next
     /// append for byte streams, messages into the next batch for JSON streams.
-    async fn resolve_sub_offset(&self, source: &Arc<StreamHandle>, anchor: Offset, sub: u64) -> Result<Offset> {
-        let overshoot = || EngineError::bad_request("Stream-Fork-Sub-Offset is past the end of the next append");
-        let chunk = self.read_view(source, anchor, source.view().tail, 16 << 20, false).await?;
+    async fn resolve_sub_offset(
+        &self,
+        source: &Arc<StreamHandle>,
+        anchor: Offset,
+        sub: u64,
+    ) -> Result<Offset> {
+        let overshoot = || {
+            EngineError::bad_request("Stream-Fork-Sub-Offset is past the end of the next append")
+        };
+        let chunk = self
+            .read_view(source, anchor, source.view().tail, 16 << 20, false)
+            .await?;
         if source.config.json {
             let mut pos = anchor;
-            for (i, (seg, flags)) in chunk.segments.iter().zip(&chunk.flags).enumerate().take(sub as usize) {
+            for (i, (seg, flags)) in chunk
+                .segments
+                .iter()
+                .zip(&chunk.flags)
+                .enumerate()
+                .take(sub as usize)
+            {
                 if i > 0 && flags & RECORD_BATCH_START != 0 {
                     return Err(overshoot());
                 }
@@ -680,9 +810,19 @@ impl Engine {
         let records = data
             .into_iter()
             .enumerate()
-            .map(|(i, data)| Record { ts_ms, flags: if i == 0 { RECORD_BATCH_START } else { 0 }, data })
+            .map(|(i, data)| Record {
+                ts_ms,
+                flags: if i == 0 { RECORD_BATCH_START } else { 0 },
+                data,
+            })
             .collect();
-        AppendOp { start: st.tail, records, close, producer, stream_seq }
+        AppendOp {
+            start: st.tail,
+            records,
+            close,
+            producer,
+            stream_seq,
+        }
     }
 
     fn commit_append(&self, st: &mut handle::State, op_no: u64, op: &AppendOp) {
@@ -692,7 +832,14 @@ impl Engine {
             st.stream_seq = Some(s.clone());
         }
         if let Some(p) = &op.producer {
-            st.producers.insert(p.id.clone(), ProducerState { epoch: p.epoch, last_seq: p.seq, last_op: op_no });
+            st.producers.insert(
+                p.id.clone(),
+                ProducerState {
+                    epoch: p.epoch,
+                    last_seq: p.seq,
+                    last_op: op_no,
+                },
+            );
         }
         if op.close {
             st.closed = true;
@@ -710,7 +857,9 @@ impl Engine {
             )));
         }
         if req.body.is_empty() && !req.close {
-            return Err(EngineError::bad_request("append body is empty (only a close, Stream-Closed: true, may be empty)"));
+            return Err(EngineError::bad_request(
+                "append body is empty (only a close, Stream-Closed: true, may be empty)",
+            ));
         }
         if let Some(p) = &req.producer {
             if p.id.is_empty() || p.id.len() > self.inner.config.producer_id_bytes_max {
@@ -720,7 +869,11 @@ impl Engine {
                 )));
             }
         }
-        if req.stream_seq.as_ref().is_some_and(|s| s.len() > self.inner.config.stream_seq_bytes_max) {
+        if req
+            .stream_seq
+            .as_ref()
+            .is_some_and(|s| s.len() > self.inner.config.stream_seq_bytes_max)
+        {
             return Err(EngineError::bad_request("Stream-Seq is too long"));
         }
         for _ in 0..16 {
@@ -746,7 +899,9 @@ impl Engine {
             self.wait_durable(&handle, wait_op).await?;
             return Ok(outcome);
         }
-        Err(EngineError::Unavailable("stream is changing state too fast; retry".into()))
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
     }
 
     /// The sequencer: decides an append against the stream state, under its lock.
@@ -762,15 +917,28 @@ impl Engine {
             Lifecycle::SoftDeleted => return Err(EngineError::Gone),
             Lifecycle::Deleted => return Err(EngineError::NotFound),
         }
-        let stamp = req.producer.as_ref().map(|p| ProducerStamp { id: p.id.clone(), epoch: p.epoch, seq: p.seq });
+        let stamp = req.producer.as_ref().map(|p| ProducerStamp {
+            id: p.id.clone(),
+            epoch: p.epoch,
+            seq: p.seq,
+        });
         if st.closed {
             if stamp.is_some() && st.closed_by == stamp {
                 let p = req.producer.as_ref().expect("stamp implies producer");
-                let outcome = AppendOutcome::Duplicate { tail: st.tail, closed: true, epoch: p.epoch, last_seq: p.seq };
+                let outcome = AppendOutcome::Duplicate {
+                    tail: st.tail,
+                    closed: true,
+                    epoch: p.epoch,
+                    last_seq: p.seq,
+                };
                 return Ok(Sequenced::Wait(st.close_op, outcome));
             }
             if req.body.is_empty() && req.producer.is_none() {
-                let outcome = AppendOutcome::Appended { tail: st.tail, closed: true, producer: None };
+                let outcome = AppendOutcome::Appended {
+                    tail: st.tail,
+                    closed: true,
+                    producer: None,
+                };
                 return Ok(Sequenced::Wait(st.close_op, outcome));
             }
             return Err(EngineError::StreamClosed { tail: st.tail });
@@ -797,13 +965,23 @@ impl Engine {
                     }
                 }
                 Verdict::Duplicate { last_seq, last_op } => {
-                    let outcome = AppendOutcome::Duplicate { tail: st.tail, closed: st.closed, epoch: p.epoch, last_seq };
+                    let outcome = AppendOutcome::Duplicate {
+                        tail: st.tail,
+                        closed: st.closed,
+                        epoch: p.epoch,
+                        last_seq,
+                    };
                     return Ok(Sequenced::Wait(last_op, outcome));
                 }
                 Verdict::StaleEpoch { current } => {
-                    return Err(EngineError::ProducerStaleEpoch { current, got: p.epoch })
+                    return Err(EngineError::ProducerStaleEpoch {
+                        current,
+                        got: p.epoch,
+                    })
                 }
-                Verdict::EpochMustStartAtZero => return Err(EngineError::ProducerEpochMustStartAtZero),
+                Verdict::EpochMustStartAtZero => {
+                    return Err(EngineError::ProducerEpochMustStartAtZero)
+                }
                 Verdict::Gap { expected, received } => {
                     return Err(EngineError::ProducerSeqGap { expected, received })
                 }
@@ -811,7 +989,10 @@ impl Engine {
         }
         if let (Some(got), Some(last)) = (&req.stream_seq, &st.stream_seq) {
             if got.as_bytes() <= last.as_bytes() {
-                return Err(EngineError::StreamSeqConflict { last: last.clone(), got: got.clone() });
+                return Err(EngineError::StreamSeqConflict {
+                    last: last.clone(),
+                    got: got.clone(),
+                });
             }
         }
         let records = parsed?;
@@ -853,7 +1034,11 @@ impl Engine {
                 let op_no = st.next_op;
                 self.submit(&handle, op_no, Op::Delete { soft })?;
                 st.next_op += 1;
-                st.lifecycle = if soft { Lifecycle::SoftDeleted } else { Lifecycle::Deleted };
+                st.lifecycle = if soft {
+                    Lifecycle::SoftDeleted
+                } else {
+                    Lifecycle::Deleted
+                };
                 op_no
             };
             self.wait_durable(&handle, op_no).await?;
@@ -863,8 +1048,12 @@ impl Engine {
             self.index_barrier().await?;
             self.inner.registry.remove(&handle);
             // Cascade: a soft-deleted source whose last fork this was goes too.
-            let Some(origin) = &handle.config.fork else { return Ok(()) };
-            let Some(source) = self.lookup_id(origin.source_id).await? else { return Ok(()) };
+            let Some(origin) = &handle.config.fork else {
+                return Ok(());
+            };
+            let Some(source) = self.lookup_id(origin.source_id).await? else {
+                return Ok(());
+            };
             if source.view().lifecycle != Lifecycle::SoftDeleted
                 || self.inner.meta.fork_count(source.config.id).await? > 0
             {
@@ -886,13 +1075,22 @@ impl Engine {
     // ---- read --------------------------------------------------------------------
 
     /// Reads durable data from `from`, at most about `max_bytes`.
-    pub async fn read(&self, stream: &StreamRef, from: Offset, max_bytes: usize) -> Result<ReadChunk> {
+    pub async fn read(
+        &self,
+        stream: &StreamRef,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<ReadChunk> {
         let handle = &stream.handle;
         let view = handle.view();
         if from > view.tail {
-            return Err(EngineError::bad_request("offset is beyond the end of the stream"));
+            return Err(EngineError::bad_request(
+                "offset is beyond the end of the stream",
+            ));
         }
-        let mut chunk = self.read_view(handle, from, view.tail, max_bytes, !handle.config.json).await?;
+        let mut chunk = self
+            .read_view(handle, from, view.tail, max_bytes, !handle.config.json)
+            .await?;
         chunk.up_to_date = chunk.next >= view.tail;
         chunk.closed = chunk.up_to_date && view.closed;
         Ok(chunk)
@@ -934,7 +1132,8 @@ impl Engine {
             if out.next >= cap || (budget == 0 && !out.segments.is_empty()) {
                 continue;
             }
-            self.read_own(&level, &mut out, cap, &mut budget, split).await?;
+            self.read_own(&level, &mut out, cap, &mut budget, split)
+                .await?;
             if out.next < cap {
                 break; // out of budget
             }
@@ -974,7 +1173,11 @@ impl Engine {
         budget: &mut usize,
         split: bool,
     ) -> Result<()> {
-        let rows = self.inner.meta.chunks_from(handle.config.id, out.next, 16).await?;
+        let rows = self
+            .inner
+            .meta
+            .chunks_from(handle.config.id, out.next, 16)
+            .await?;
         if rows.is_empty() || rows[0].start > out.next {
             return Err(EngineError::Internal(format!(
                 "stream {} has no index entry for offset {}",
@@ -990,7 +1193,12 @@ impl Engine {
                 .store
                 .get_range(&Path::from(row.object_key.as_str()), row.byte_range.clone())
                 .await
-                .map_err(|e| EngineError::Unavailable(format!("object store read of {}: {e}", row.object_key)))?;
+                .map_err(|e| {
+                    EngineError::Unavailable(format!(
+                        "object store read of {}: {e}",
+                        row.object_key
+                    ))
+                })?;
             let (_, ops) = format::decode_chunk(&bytes)
                 .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
             for op in ops {
@@ -1013,7 +1221,11 @@ impl Engine {
                     }
                     let piece = record.data.slice(lo as usize..hi as usize);
                     *budget = budget.saturating_sub(piece.len());
-                    out.flags.push(if lo == 0 { record.flags } else { record.flags & !RECORD_BATCH_START });
+                    out.flags.push(if lo == 0 {
+                        record.flags
+                    } else {
+                        record.flags & !RECORD_BATCH_START
+                    });
                     out.segments.push(piece);
                     out.next = Offset(start.0 + hi);
                 }
@@ -1023,7 +1235,12 @@ impl Engine {
     }
 
     /// Waits until data beyond `offset` is durable, the stream closes, or `timeout`.
-    pub async fn wait(&self, stream: &StreamRef, offset: Offset, timeout: Duration) -> Result<WaitOutcome> {
+    pub async fn wait(
+        &self,
+        stream: &StreamRef,
+        offset: Offset,
+        timeout: Duration,
+    ) -> Result<WaitOutcome> {
         let mut rx = stream.handle.subscribe();
         let wait = async {
             loop {
@@ -1057,12 +1274,17 @@ impl Engine {
     // ---- background --------------------------------------------------------------
 
     async fn sweep_loop(self) {
-        let period = (self.inner.config.dormancy / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+        let period = (self.inner.config.dormancy / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(15));
         let mut tick = tokio::time::interval(period);
         loop {
             tick.tick().await;
             let now = now_ms();
-            for handle in self.inner.registry.filter(|h| h.view().lifecycle == Lifecycle::Live && h.is_expired(now)) {
+            for handle in self
+                .inner
+                .registry
+                .filter(|h| h.view().lifecycle == Lifecycle::Live && h.is_expired(now))
+            {
                 if let Err(e) = self.expire(&handle).await {
                     tracing::warn!(stream = %handle.config.name, error = %e, "expiring stream failed");
                 }
@@ -1086,11 +1308,15 @@ enum Sequenced {
 pub fn json_records(body: &[u8], allow_empty: bool) -> Result<Vec<Bytes>> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| EngineError::bad_request(format!("body is not valid JSON: {e}")))?;
-    let encode = |v: &serde_json::Value| Bytes::from(serde_json::to_vec(v).expect("a Value always serializes"));
+    let encode = |v: &serde_json::Value| {
+        Bytes::from(serde_json::to_vec(v).expect("a Value always serializes"))
+    };
     match value {
         serde_json::Value::Array(items) => {
             if items.is_empty() && !allow_empty {
-                return Err(EngineError::bad_request("empty JSON array: nothing to append"));
+                return Err(EngineError::bad_request(
+                    "empty JSON array: nothing to append",
+                ));
             }
             Ok(items.iter().map(encode).collect())
         }

@@ -15,28 +15,55 @@ pub enum Verdict {
     /// Append it; the producer's state becomes `(epoch, seq)`.
     Accept,
     /// Already written: answer success without writing. Carries the highest accepted seq.
-    Duplicate { last_seq: u64, last_op: u64 },
-    StaleEpoch { current: u64 },
+    Duplicate {
+        last_seq: u64,
+        last_op: u64,
+    },
+    StaleEpoch {
+        current: u64,
+    },
     EpochMustStartAtZero,
-    Gap { expected: u64, received: u64 },
+    Gap {
+        expected: u64,
+        received: u64,
+    },
 }
 
 pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict {
     let Some(state) = state else {
-        return if seq == 0 { Verdict::Accept } else { Verdict::Gap { expected: 0, received: seq } };
+        return if seq == 0 {
+            Verdict::Accept
+        } else {
+            Verdict::Gap {
+                expected: 0,
+                received: seq,
+            }
+        };
     };
     if epoch < state.epoch {
-        return Verdict::StaleEpoch { current: state.epoch };
+        return Verdict::StaleEpoch {
+            current: state.epoch,
+        };
     }
     if epoch > state.epoch {
-        return if seq == 0 { Verdict::Accept } else { Verdict::EpochMustStartAtZero };
+        return if seq == 0 {
+            Verdict::Accept
+        } else {
+            Verdict::EpochMustStartAtZero
+        };
     }
     if seq <= state.last_seq {
-        Verdict::Duplicate { last_seq: state.last_seq, last_op: state.last_op }
+        Verdict::Duplicate {
+            last_seq: state.last_seq,
+            last_op: state.last_op,
+        }
     } else if seq == state.last_seq + 1 {
         Verdict::Accept
     } else {
-        Verdict::Gap { expected: state.last_seq + 1, received: seq }
+        Verdict::Gap {
+            expected: state.last_seq + 1,
+            received: seq,
+        }
     }
 }
 
@@ -45,18 +72,46 @@ mod tests {
     use super::*;
 
     fn st(epoch: u64, last_seq: u64) -> ProducerState {
-        ProducerState { epoch, last_seq, last_op: 0 }
+        ProducerState {
+            epoch,
+            last_seq,
+            last_op: 0,
+        }
     }
 
     #[test]
     fn follows_the_protocol_table() {
         assert_eq!(validate(None, 0, 0), Verdict::Accept);
-        assert_eq!(validate(None, 3, 1), Verdict::Gap { expected: 0, received: 1 });
-        assert_eq!(validate(Some(&st(2, 5)), 1, 0), Verdict::StaleEpoch { current: 2 });
+        assert_eq!(
+            validate(None, 3, 1),
+            Verdict::Gap {
+                expected: 0,
+                received: 1
+            }
+        );
+        assert_eq!(
+            validate(Some(&st(2, 5)), 1, 0),
+            Verdict::StaleEpoch { current: 2 }
+        );
         assert_eq!(validate(Some(&st(2, 5)), 3, 0), Verdict::Accept);
-        assert_eq!(validate(Some(&st(2, 5)), 3, 1), Verdict::EpochMustStartAtZero);
-        assert_eq!(validate(Some(&st(2, 5)), 2, 5), Verdict::Duplicate { last_seq: 5, last_op: 0 });
+        assert_eq!(
+            validate(Some(&st(2, 5)), 3, 1),
+            Verdict::EpochMustStartAtZero
+        );
+        assert_eq!(
+            validate(Some(&st(2, 5)), 2, 5),
+            Verdict::Duplicate {
+                last_seq: 5,
+                last_op: 0
+            }
+        );
         assert_eq!(validate(Some(&st(2, 5)), 2, 6), Verdict::Accept);
-        assert_eq!(validate(Some(&st(2, 5)), 2, 8), Verdict::Gap { expected: 6, received: 8 });
+        assert_eq!(
+            validate(Some(&st(2, 5)), 2, 8),
+            Verdict::Gap {
+                expected: 6,
+                received: 8
+            }
+        );
     }
 }

@@ -20,11 +20,21 @@ struct Maps {
 
 impl Registry {
     pub fn by_name(&self, name: &str) -> Option<Arc<StreamHandle>> {
-        self.maps.lock().expect("registry lock").by_name.get(name).cloned()
+        self.maps
+            .lock()
+            .expect("registry lock")
+            .by_name
+            .get(name)
+            .cloned()
     }
 
     pub fn by_id(&self, id: u64) -> Option<Arc<StreamHandle>> {
-        self.maps.lock().expect("registry lock").by_id.get(&id).cloned()
+        self.maps
+            .lock()
+            .expect("registry lock")
+            .by_id
+            .get(&id)
+            .cloned()
     }
 
     pub fn len(&self) -> usize {
@@ -54,7 +64,8 @@ impl Registry {
             let old_id = existing.config.id;
             maps.by_id.remove(&old_id);
         }
-        maps.by_name.insert(handle.config.name.clone(), handle.clone());
+        maps.by_name
+            .insert(handle.config.name.clone(), handle.clone());
         maps.by_id.insert(handle.config.id, handle.clone());
         handle
     }
@@ -62,10 +73,18 @@ impl Registry {
     /// Removes `handle` if it is still the active one for its id.
     pub fn remove(&self, handle: &Arc<StreamHandle>) {
         let mut maps = self.maps.lock().expect("registry lock");
-        if maps.by_id.get(&handle.config.id).is_some_and(|h| Arc::ptr_eq(h, handle)) {
+        if maps
+            .by_id
+            .get(&handle.config.id)
+            .is_some_and(|h| Arc::ptr_eq(h, handle))
+        {
             maps.by_id.remove(&handle.config.id);
         }
-        if maps.by_name.get(&handle.config.name).is_some_and(|h| Arc::ptr_eq(h, handle)) {
+        if maps
+            .by_name
+            .get(&handle.config.name)
+            .is_some_and(|h| Arc::ptr_eq(h, handle))
+        {
             maps.by_name.remove(&handle.config.name);
         }
     }
@@ -73,15 +92,26 @@ impl Registry {
     /// Evicts every idle, settled handle; returns `(id, last access)` of each evicted.
     pub fn sweep(&self, idle_since_ms: u64) -> Vec<(u64, u64)> {
         let mut maps = self.maps.lock().expect("registry lock");
-        let evicted: Vec<Arc<StreamHandle>> =
-            maps.by_id.values().filter(|h| h.try_evict(idle_since_ms)).cloned().collect();
+        let evicted: Vec<Arc<StreamHandle>> = maps
+            .by_id
+            .values()
+            .filter(|h| h.try_evict(idle_since_ms))
+            .cloned()
+            .collect();
         for h in &evicted {
             maps.by_id.remove(&h.config.id);
-            if maps.by_name.get(&h.config.name).is_some_and(|x| Arc::ptr_eq(x, h)) {
+            if maps
+                .by_name
+                .get(&h.config.name)
+                .is_some_and(|x| Arc::ptr_eq(x, h))
+            {
                 maps.by_name.remove(&h.config.name);
             }
         }
-        evicted.iter().map(|h| (h.config.id, h.last_access_ms())).collect()
+        evicted
+            .iter()
+            .map(|h| (h.config.id, h.last_access_ms()))
+            .collect()
     }
 
     /// Handles for which `pred` holds (e.g. expired), cloned out of the lock.

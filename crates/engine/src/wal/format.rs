@@ -76,7 +76,8 @@ pub struct AppendOp {
 
 impl AppendOp {
     pub fn end(&self) -> Offset {
-        self.start.advance(self.records.iter().map(|r| r.data.len() as u64).sum())
+        self.start
+            .advance(self.records.iter().map(|r| r.data.len() as u64).sum())
     }
 }
 
@@ -85,7 +86,9 @@ pub enum Op {
     Create(CreateOp),
     Append(AppendOp),
     /// `soft`: the stream stays readable for its forks but is gone to clients.
-    Delete { soft: bool },
+    Delete {
+        soft: bool,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +163,9 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
         Op::Append(a) => {
             out.put_u8(TAG_APPEND);
             out.put_u64_le(a.start.0);
-            let flags = (a.close as u8) | ((a.producer.is_some() as u8) << 1) | ((a.stream_seq.is_some() as u8) << 2);
+            let flags = (a.close as u8)
+                | ((a.producer.is_some() as u8) << 1)
+                | ((a.stream_seq.is_some() as u8) << 2);
             out.put_u8(flags);
             if let Some(p) = &a.producer {
                 put_str(out, &p.id);
@@ -188,7 +193,9 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
 /// Bytes an op adds to an object, for buffer accounting.
 pub fn encoded_len(op: &Op) -> usize {
     match op {
-        Op::Create(c) => 64 + c.name.len() + c.content_type.len() + c.expires_at.as_ref().map_or(0, |s| s.len()),
+        Op::Create(c) => {
+            64 + c.name.len() + c.content_type.len() + c.expires_at.as_ref().map_or(0, |s| s.len())
+        }
         Op::Append(a) => {
             32 + a.producer.as_ref().map_or(0, |p| p.id.len() + 20)
                 + a.stream_seq.as_ref().map_or(0, |s| s.len() + 4)
@@ -212,7 +219,11 @@ pub fn decode_header(object: &Bytes) -> Result<ObjectHeader, FormatError> {
         return Err(FormatError("unknown WAL version"));
     }
     let mut b = &object[5..HEADER_LEN];
-    Ok(ObjectHeader { epoch: b.get_u64_le(), seq: b.get_u64_le(), chunk_count: b.get_u32_le() })
+    Ok(ObjectHeader {
+        epoch: b.get_u64_le(),
+        seq: b.get_u64_le(),
+        chunk_count: b.get_u32_le(),
+    })
 }
 
 /// A decoded chunk: its stream, its ops, and where it sits in the object.
@@ -230,7 +241,11 @@ pub fn decode_object(object: &Bytes) -> Result<(ObjectHeader, Vec<Chunk>), Forma
     for _ in 0..header.chunk_count {
         let len = chunk_len(object, pos)?;
         let (stream_id, ops) = decode_chunk(&object.slice(pos..pos + len))?;
-        chunks.push(Chunk { stream_id, ops, range: pos..pos + len });
+        chunks.push(Chunk {
+            stream_id,
+            ops,
+            range: pos..pos + len,
+        });
         pos += len;
     }
     Ok((header, chunks))
@@ -302,7 +317,11 @@ impl Reader {
         String::from_utf8(bytes.to_vec()).map_err(|_| FormatError("string is not UTF-8"))
     }
     fn opt_u64(&mut self) -> Result<Option<u64>, FormatError> {
-        Ok(if self.u8()? == 1 { Some(self.u64()?) } else { None })
+        Ok(if self.u8()? == 1 {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
     fn op(&mut self) -> Result<Op, FormatError> {
         match self.u8()? {
@@ -322,28 +341,55 @@ impl Reader {
                 } else {
                     None
                 };
-                Ok(Op::Create(CreateOp { name, content_type, created_ms, ttl_secs, expires_at, fork }))
+                Ok(Op::Create(CreateOp {
+                    name,
+                    content_type,
+                    created_ms,
+                    ttl_secs,
+                    expires_at,
+                    fork,
+                }))
             }
             TAG_APPEND => {
                 let start = Offset(self.u64()?);
                 let flags = self.u8()?;
                 let producer = if flags & 2 != 0 {
-                    Some(ProducerStamp { id: self.string()?, epoch: self.u64()?, seq: self.u64()? })
+                    Some(ProducerStamp {
+                        id: self.string()?,
+                        epoch: self.u64()?,
+                        seq: self.u64()?,
+                    })
                 } else {
                     None
                 };
-                let stream_seq = if flags & 4 != 0 { Some(self.string()?) } else { None };
+                let stream_seq = if flags & 4 != 0 {
+                    Some(self.string()?)
+                } else {
+                    None
+                };
                 let count = self.u32()? as usize;
                 let mut records = Vec::with_capacity(count.min(4096));
                 for _ in 0..count {
                     let ts_ms = self.u64()?;
                     let rflags = self.u8()?;
                     let len = self.u32()? as usize;
-                    records.push(Record { ts_ms, flags: rflags, data: self.take(len)? });
+                    records.push(Record {
+                        ts_ms,
+                        flags: rflags,
+                        data: self.take(len)?,
+                    });
                 }
-                Ok(Op::Append(AppendOp { start, records, close: flags & 1 != 0, producer, stream_seq }))
+                Ok(Op::Append(AppendOp {
+                    start,
+                    records,
+                    close: flags & 1 != 0,
+                    producer,
+                    stream_seq,
+                }))
             }
-            TAG_DELETE => Ok(Op::Delete { soft: self.u8()? == 1 }),
+            TAG_DELETE => Ok(Op::Delete {
+                soft: self.u8()? == 1,
+            }),
             _ => Err(FormatError("unknown op tag")),
         }
     }
@@ -375,13 +421,26 @@ mod tests {
                 created_ms: 7,
                 ttl_secs: Some(60),
                 expires_at: None,
-                fork: Some(ForkOrigin { source_id: 3, point: Offset(5), requested_offset: None, sub_offset: 2 }),
+                fork: Some(ForkOrigin {
+                    source_id: 3,
+                    point: Offset(5),
+                    requested_offset: None,
+                    sub_offset: 2,
+                }),
             }),
             Op::Append(AppendOp {
                 start: Offset(0),
-                records: vec![Record { ts_ms: 9, flags: RECORD_BATCH_START, data: Bytes::from_static(b"hello") }],
+                records: vec![Record {
+                    ts_ms: 9,
+                    flags: RECORD_BATCH_START,
+                    data: Bytes::from_static(b"hello"),
+                }],
                 close: true,
-                producer: Some(ProducerStamp { id: "p".into(), epoch: 1, seq: 2 }),
+                producer: Some(ProducerStamp {
+                    id: "p".into(),
+                    epoch: 1,
+                    seq: 2,
+                }),
                 stream_seq: Some("s1".into()),
             }),
             Op::Delete { soft: true },

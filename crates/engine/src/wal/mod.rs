@@ -5,4 +5,6 @@
 pub mod format;
 pub mod writer;
 
-pub use writer::{DurableListener, FlushedChunk, FlushedObject, Submission, Wal, WalHealth, WalStats};
+pub use writer::{
+    DurableListener, FlushedChunk, FlushedObject, Submission, Wal, WalHealth, WalStats,
+};

@@ -109,7 +109,11 @@ impl Wal {
     ) -> Wal {
         let (health, _) = watch::channel(WalHealth::Ok);
         let shared = Arc::new(Shared {
-            buffer: Mutex::new(Buffer { subs: Vec::new(), bytes: 0, closed: false }),
+            buffer: Mutex::new(Buffer {
+                subs: Vec::new(),
+                bytes: 0,
+                closed: false,
+            }),
             wake: Notify::new(),
             health,
             stats: Arc::new(WalStats::default()),
@@ -124,7 +128,10 @@ impl Wal {
             last_put: None,
         };
         let task = tokio::spawn(writer.run());
-        Wal { shared, task: Arc::new(Mutex::new(Some(task))) }
+        Wal {
+            shared,
+            task: Arc::new(Mutex::new(Some(task))),
+        }
     }
 
     /// Queues an op. Fails fast (never blocks) when the store is down, this node is
@@ -139,7 +146,8 @@ impl Wal {
             }
             if buf.bytes + size > self.shared.config.buffer_bytes_max && !buf.subs.is_empty() {
                 return Err(EngineError::Unavailable(
-                    "write backlog is full (object store slower than the append rate); retry later".into(),
+                    "write backlog is full (object store slower than the append rate); retry later"
+                        .into(),
                 ));
             }
             buf.bytes += size;
@@ -152,9 +160,9 @@ impl Wal {
     pub fn check_health(&self) -> Result<()> {
         match &*self.shared.health.borrow() {
             WalHealth::Ok => Ok(()),
-            WalHealth::StoreDown(e) => {
-                Err(EngineError::Unavailable(format!("object store unavailable: {e}")))
-            }
+            WalHealth::StoreDown(e) => Err(EngineError::Unavailable(format!(
+                "object store unavailable: {e}"
+            ))),
             WalHealth::Fenced => Err(EngineError::Unavailable(
                 "this node was fenced by another process writing the same bucket".into(),
             )),
@@ -209,7 +217,9 @@ impl Writer {
             let budget_wait = self.budget_wait();
             let may_start = buffered > 0
                 && inflight.len() < self.shared.config.uploads_in_flight_max
-                && (inflight.is_empty() || buffered >= self.shared.config.pipeline_bytes_min || closed)
+                && (inflight.is_empty()
+                    || buffered >= self.shared.config.pipeline_bytes_min
+                    || closed)
                 && budget_wait.is_none();
             if may_start {
                 let upload = self.start_flush();
@@ -287,7 +297,9 @@ impl Writer {
                     listener.on_durable(*op_no, op);
                 }
             }
-            stats.ops_written.fetch_add(chunk.ops.len() as u64, Ordering::Relaxed);
+            stats
+                .ops_written
+                .fetch_add(chunk.ops.len() as u64, Ordering::Relaxed);
         }
         let flushed = FlushedObject {
             key: encoded.key,
@@ -341,17 +353,31 @@ fn encode(epoch: u64, seq: u64, subs: Vec<Submission>) -> (Bytes, Vec<FlushedChu
 
 /// Writes one object create-only, retrying transient failures until it lands.
 /// `Err` means this node is fenced: the key exists with other bytes.
-async fn upload(store: &dyn ObjectStore, key: &str, bytes: Bytes, shared: &Shared) -> Result<(), ()> {
+async fn upload(
+    store: &dyn ObjectStore,
+    key: &str,
+    bytes: Bytes,
+    shared: &Shared,
+) -> Result<(), ()> {
     let path = Path::from(key);
     let started = Instant::now();
     let mut backoff = Duration::from_millis(10);
     let mut attempt = 0u32;
     loop {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        let err = match store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let err = match store
+            .put_opts(&path, PutPayload::from(bytes.clone()), opts)
+            .await
+        {
             Ok(_) => {
                 mark_healthy(shared);
-                shared.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                shared
+                    .stats
+                    .bytes_written
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(());
             }
             Err(object_store::Error::AlreadyExists { .. }) => {
@@ -364,7 +390,10 @@ async fn upload(store: &dyn ObjectStore, key: &str, bytes: Bytes, shared: &Share
                             return Ok(());
                         }
                         Ok(_) => {
-                            tracing::error!(key, "WAL key taken by another writer: this node is fenced");
+                            tracing::error!(
+                                key,
+                                "WAL key taken by another writer: this node is fenced"
+                            );
                             return Err(());
                         }
                         Err(e) => e,

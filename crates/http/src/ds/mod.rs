@@ -29,7 +29,10 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response<Body>, ApiError> {
     if method == Method::OPTIONS {
-        return Ok(Response::builder().status(StatusCode::NO_CONTENT).body(Body::empty()).expect("static response"));
+        return Ok(Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(Body::empty())
+            .expect("static response"));
     }
     let name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
     if name.starts_with("__") {
@@ -74,5 +77,6 @@ pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiErro
 
 /// A header value from server-controlled or validated text.
 pub fn value(s: impl AsRef<str>) -> HeaderValue {
-    HeaderValue::from_str(s.as_ref()).unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
+    HeaderValue::from_str(s.as_ref())
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
 }

@@ -33,7 +33,11 @@ pub fn percent_decode(s: &str) -> Option<String> {
 pub fn stream_name(path: &str, max_bytes: usize) -> Result<String, ApiError> {
     let name = path.strip_prefix('/').unwrap_or(path);
     if name.is_empty() {
-        return Err(ApiError::new(axum::http::StatusCode::NOT_FOUND, "not_found", "no stream at /; streams live at any other path, e.g. /v1/stream/NAME"));
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "not_found",
+            "no stream at /; streams live at any other path, e.g. /v1/stream/NAME",
+        ));
     }
     if name.len() > max_bytes {
         return Err(ApiError::bad_request(format!(
@@ -45,13 +49,19 @@ pub fn stream_name(path: &str, max_bytes: usize) -> Result<String, ApiError> {
         let decoded = percent_decode(segment)
             .ok_or_else(|| ApiError::bad_request("stream path has a malformed percent-escape"))?;
         if segment.is_empty() {
-            return Err(ApiError::bad_request("stream path has an empty segment (// or a trailing /)"));
+            return Err(ApiError::bad_request(
+                "stream path has an empty segment (// or a trailing /)",
+            ));
         }
         if decoded == "." || decoded == ".." || decoded.contains('/') || decoded.contains('\\') {
-            return Err(ApiError::bad_request("stream path must not contain . or .. segments or encoded slashes"));
+            return Err(ApiError::bad_request(
+                "stream path must not contain . or .. segments or encoded slashes",
+            ));
         }
         if decoded.chars().any(|c| c.is_control()) {
-            return Err(ApiError::bad_request("stream path must not contain control characters"));
+            return Err(ApiError::bad_request(
+                "stream path must not contain control characters",
+            ));
         }
     }
     Ok(name.to_string())
@@ -69,7 +79,8 @@ pub fn read_params(query: Option<&str>) -> Result<ReadParams, ApiError> {
     let mut offsets = 0;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value).ok_or_else(|| ApiError::bad_request(format!("query parameter {key} is malformed")))?;
+        let value = percent_decode(value)
+            .ok_or_else(|| ApiError::bad_request(format!("query parameter {key} is malformed")))?;
         match key {
             "offset" => {
                 offsets += 1;
@@ -96,7 +107,15 @@ mod tests {
     #[test]
     fn names_reject_traversal() {
         assert_eq!(stream_name("/v1/stream/a", 100).unwrap(), "v1/stream/a");
-        for bad in ["/a/../b", "/a/./b", "/a//b", "/a/%2e%2e/b", "/a/%2F", "/a/b/", "/a/%00"] {
+        for bad in [
+            "/a/../b",
+            "/a/./b",
+            "/a//b",
+            "/a/%2e%2e/b",
+            "/a/%2F",
+            "/a/b/",
+            "/a/%00",
+        ] {
             assert!(stream_name(bad, 100).is_err(), "{bad}");
         }
         assert!(stream_name(&format!("/{}", "x".repeat(101)), 100).is_err());

@@ -27,7 +27,15 @@ pub async fn head(app: &AppState, name: String) -> HttpResult {
         .header(header::CONTENT_TYPE, value(&info.content_type))
         .header(STREAM_NEXT_OFFSET, info.tail.to_string())
         .header(header::CACHE_CONTROL, "no-store")
-        .header(header::ETAG, format!("\"{}:-1:{}{}\"", info.id, info.tail, if info.closed { ":c" } else { "" }));
+        .header(
+            header::ETAG,
+            format!(
+                "\"{}:-1:{}{}\"",
+                info.id,
+                info.tail,
+                if info.closed { ":c" } else { "" }
+            ),
+        );
     if info.closed {
         r = r.header(STREAM_CLOSED, "true");
     }
@@ -48,24 +56,37 @@ enum Live {
 }
 
 pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
-pub async fn get(app: &Arc<AppState>, name: String, raw_query: Option<&str>, headers: &HeaderMap) -> HttpResult {
+pub async fn get(
+    app: &Arc<AppState>,
+    name: String,
+    raw_query: Option<&str>,
+    headers: &HeaderMap,
+) -> HttpResult {
     let params = query::read_params(raw_query)?;
     let live = match params.live.as_deref() {
         None | Some("") | Some("false") => Live::CatchUp,
         Some("long-poll") => Live::LongPoll,
         Some("sse") => Live::Sse,
         Some(other) => {
-            return Err(ApiError::bad_request(format!("live={other:?} is not a read mode; use long-poll or sse")))
+            return Err(ApiError::bad_request(format!(
+                "live={other:?} is not a read mode; use long-poll or sse"
+            )))
         }
     };
     if live != Live::CatchUp && params.offset.is_none() {
-        return Err(ApiError::bad_request("live reads need an offset (use -1 for the beginning, now for the tail)"));
+        return Err(ApiError::bad_request(
+            "live reads need an offset (use -1 for the beginning, now for the tail)",
+        ));
     }
     let offset_param = params.offset.as_deref().unwrap_or("-1");
-    let query = OffsetQuery::parse(offset_param).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let query =
+        OffsetQuery::parse(offset_param).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stream = app.engine.stream(&name).await?;
     app.engine.touch(&stream);
     let tail = stream.info().tail;
@@ -75,16 +96,27 @@ pub async fn get(app: &Arc<AppState>, name: String, raw_query: Option<&str>, hea
         OffsetQuery::At(o) => o,
     };
     match live {
-        Live::Sse => return Ok(super::sse::respond(app.clone(), stream, from, params.cursor)),
+        Live::Sse => {
+            return Ok(super::sse::respond(
+                app.clone(),
+                stream,
+                from,
+                params.cursor,
+            ))
+        }
         Live::CatchUp if query == OffsetQuery::Now => return Ok(now_response(&stream)),
         _ => {}
     }
     let max = app.engine.config().read_bytes_max;
     let mut chunk = app.engine.read(&stream, from, max).await?;
-    let cursor = (live == Live::LongPoll).then(|| next_cursor(now_secs(), params.cursor.as_deref()));
+    let cursor =
+        (live == Live::LongPoll).then(|| next_cursor(now_secs(), params.cursor.as_deref()));
     if live == Live::LongPoll && chunk.segments.is_empty() {
         if !chunk.closed {
-            let outcome = app.engine.wait(&stream, from, app.long_poll_timeout).await?;
+            let outcome = app
+                .engine
+                .wait(&stream, from, app.long_poll_timeout)
+                .await?;
             app.engine.touch(&stream);
             if let WaitOutcome::Ready = outcome {
                 chunk = app.engine.read(&stream, from, max).await?;
@@ -104,8 +136,18 @@ pub async fn get(app: &Arc<AppState>, name: String, raw_query: Option<&str>, hea
             return Ok(r.body(Body::empty()).expect("valid response"));
         }
     }
-    let etag = format!("\"{}:{}:{}{}\"", stream.info().id, offset_param, chunk.next, if chunk.closed { ":c" } else { "" });
-    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+    let etag = format!(
+        "\"{}:{}:{}{}\"",
+        stream.info().id,
+        offset_param,
+        chunk.next,
+        if chunk.closed { ":c" } else { "" }
+    );
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str())
+    {
         return Ok(Response::builder()
             .status(StatusCode::NOT_MODIFIED)
             .header(header::ETAG, etag)
@@ -114,10 +156,20 @@ pub async fn get(app: &Arc<AppState>, name: String, raw_query: Option<&str>, hea
     }
     let mut r = Response::builder()
         .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, value(&stream.handle.config.content_type))
+        .header(
+            header::CONTENT_TYPE,
+            value(&stream.handle.config.content_type),
+        )
         .header(STREAM_NEXT_OFFSET, chunk.next.to_string())
         .header(header::ETAG, etag)
-        .header(header::CACHE_CONTROL, if chunk.up_to_date { CACHE_AT_TAIL } else { CACHE_IMMUTABLE_CHUNK });
+        .header(
+            header::CACHE_CONTROL,
+            if chunk.up_to_date {
+                CACHE_AT_TAIL
+            } else {
+                CACHE_IMMUTABLE_CHUNK
+            },
+        );
     if chunk.up_to_date {
         r = r.header(STREAM_UP_TO_DATE, "true");
     }
@@ -143,7 +195,8 @@ fn now_response(stream: &StreamRef) -> Response<Body> {
     if info.closed {
         r = r.header(STREAM_CLOSED, "true");
     }
-    r.body(Body::from(if json { "[]" } else { "" })).expect("valid response")
+    r.body(Body::from(if json { "[]" } else { "" }))
+        .expect("valid response")
 }
 
 /// The response body of a read: the bytes, or for JSON streams a JSON array of the

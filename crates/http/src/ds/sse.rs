@@ -25,18 +25,31 @@ enum Encoding {
     Base64,
 }
 
-pub fn respond(app: Arc<AppState>, stream: StreamRef, from: Offset, cursor: Option<String>) -> Response<Body> {
+pub fn respond(
+    app: Arc<AppState>,
+    stream: StreamRef,
+    from: Offset,
+    cursor: Option<String>,
+) -> Response<Body> {
     let media = picomq_engine::stream::media_type(&stream.handle.config.content_type);
-    let encoding = if media.starts_with("text/") || media == "application/json" { Encoding::Text } else { Encoding::Base64 };
+    let encoding = if media.starts_with("text/") || media == "application/json" {
+        Encoding::Text
+    } else {
+        Encoding::Base64
+    };
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    app.live_readers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    app.live_readers
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tokio::spawn(async move {
         if let Err(e) = pump(&app, &stream, from, cursor, encoding, &tx).await {
             tracing::debug!(stream = %stream.handle.config.name, error = %e, "SSE ended");
         }
-        app.live_readers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        app.live_readers
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
-    let body = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
     let mut r = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
@@ -66,9 +79,16 @@ async fn pump(
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<(), Stop> {
     let started = Instant::now();
-    let send = |b: String| async move { tx.send(Bytes::from(b)).await.map_err(|_| Stop::Disconnected) };
+    let send = |b: String| async move {
+        tx.send(Bytes::from(b))
+            .await
+            .map_err(|_| Stop::Disconnected)
+    };
     loop {
-        let chunk = app.engine.read(stream, offset, app.engine.config().read_bytes_max).await?;
+        let chunk = app
+            .engine
+            .read(stream, offset, app.engine.config().read_bytes_max)
+            .await?;
         if !chunk.segments.is_empty() {
             send(data_event(&body_of(&chunk), encoding)).await?;
         }
@@ -122,7 +142,11 @@ fn data_event(payload: &[u8], encoding: Encoding) -> String {
         for piece in line.split('\r') {
             // A parser drops one space after the colon: add one only when the
             // line itself starts with a space, so that space survives.
-            out.push_str(if piece.starts_with(' ') { "data: " } else { "data:" });
+            out.push_str(if piece.starts_with(' ') {
+                "data: "
+            } else {
+                "data:"
+            });
             out.push_str(piece);
             out.push('\n');
         }
@@ -137,7 +161,13 @@ mod tests {
 
     #[test]
     fn multiline_payloads_keep_their_lines() {
-        assert_eq!(data_event(b"a\nb", Encoding::Text), "event: data\ndata:a\ndata:b\n\n");
-        assert_eq!(data_event(&[0, 1, 2], Encoding::Base64), "event: data\ndata:AAEC\n\n");
+        assert_eq!(
+            data_event(b"a\nb", Encoding::Text),
+            "event: data\ndata:a\ndata:b\n\n"
+        );
+        assert_eq!(
+            data_event(&[0, 1, 2], Encoding::Base64),
+            "event: data\ndata:AAEC\n\n"
+        );
     }
 }

@@ -2,7 +2,9 @@
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Response, StatusCode};
-use picomq_engine::{AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Offset, ProducerHeaders};
+use picomq_engine::{
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Offset, ProducerHeaders,
+};
 
 use super::{query, read_body, value, HttpResult};
 use crate::error::ApiError;
@@ -11,13 +13,21 @@ use crate::AppState;
 
 /// A Content-Type worth keeping: `type/subtype` shaped, else `None`.
 fn content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let raw = headers::text(headers, "content-type")?.map(str::trim).filter(|s| !s.is_empty());
-    Ok(raw.filter(|ct| looks_like_media_type(ct)).map(str::to_string))
+    let raw = headers::text(headers, "content-type")?
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    Ok(raw
+        .filter(|ct| looks_like_media_type(ct))
+        .map(str::to_string))
 }
 
 fn looks_like_media_type(ct: &str) -> bool {
     let essence = ct.split(';').next().unwrap_or("").trim();
-    let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-+._".contains(&b));
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-+._".contains(&b))
+    };
     essence.split_once('/').is_some_and(|(t, s)| ok(t) && ok(s))
 }
 
@@ -25,32 +35,48 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     let ttl = headers::text(headers, STREAM_TTL)?;
     let expires_at = headers::text(headers, STREAM_EXPIRES_AT)?;
     if ttl.is_some() && expires_at.is_some() {
-        return Err(ApiError::bad_request("Stream-TTL and Stream-Expires-At are mutually exclusive"));
+        return Err(ApiError::bad_request(
+            "Stream-TTL and Stream-Expires-At are mutually exclusive",
+        ));
     }
-    let ttl_secs = ttl.map(|t| headers::strict_uint(t, "Stream-TTL", u32::MAX as u64)).transpose()?;
+    let ttl_secs = ttl
+        .map(|t| headers::strict_uint(t, "Stream-TTL", u32::MAX as u64))
+        .transpose()?;
     if let Some(at) = expires_at {
         if picomq_engine::stream::parse_rfc3339_ms(at).is_none() {
-            return Err(ApiError::bad_request("Stream-Expires-At must be an RFC 3339 timestamp"));
+            return Err(ApiError::bad_request(
+                "Stream-Expires-At must be an RFC 3339 timestamp",
+            ));
         }
     }
     let forked_from = headers::text(headers, STREAM_FORKED_FROM)?;
     let fork_offset = headers::text(headers, STREAM_FORK_OFFSET)?;
     let sub_offset = headers::text(headers, STREAM_FORK_SUB_OFFSET)?;
     if forked_from.is_none() && (fork_offset.is_some() || sub_offset.is_some()) {
-        return Err(ApiError::bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From"));
+        return Err(ApiError::bad_request(
+            "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+        ));
     }
     let fork = match forked_from {
         None => None,
         Some(source) => {
-            let source = query::stream_name(source.trim(), app.engine.config().stream_name_bytes_max)?;
+            let source =
+                query::stream_name(source.trim(), app.engine.config().stream_name_bytes_max)?;
             let offset = fork_offset
-                .map(|o| Offset::parse(o).map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}"))))
+                .map(|o| {
+                    Offset::parse(o)
+                        .map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}")))
+                })
                 .transpose()?;
             let sub_offset = sub_offset
                 .map(|s| headers::strict_uint(s, "Stream-Fork-Sub-Offset", u32::MAX as u64))
                 .transpose()?
                 .unwrap_or(0);
-            Some(ForkRequest { source, offset, sub_offset })
+            Some(ForkRequest {
+                source,
+                offset,
+                sub_offset,
+            })
         }
     };
     let body = read_body(body, app.engine.config().append_bytes_max).await?;
@@ -65,7 +91,11 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     };
     let (created, info) = app.engine.create(request).await?;
     let mut resp = Response::builder()
-        .status(if created { StatusCode::CREATED } else { StatusCode::OK })
+        .status(if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        })
         .header(header::CONTENT_TYPE, value(&info.content_type))
         .header(STREAM_NEXT_OFFSET, info.tail.to_string());
     if created {
@@ -94,7 +124,9 @@ fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
                 seq: headers::producer_uint(seq, "Producer-Seq")?,
             }))
         }
-        _ => Err(ApiError::bad_request("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")),
+        _ => Err(ApiError::bad_request(
+            "Producer-Id, Producer-Epoch and Producer-Seq must be sent together",
+        )),
     }
 }
 
@@ -105,21 +137,46 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     let raw_content_type = headers::text(headers, "content-type")?.map(str::to_string);
     let body = read_body(body, app.engine.config().append_bytes_max).await?;
     if body.is_empty() && !close {
-        return Err(ApiError::bad_request("append body is empty (only a close, Stream-Closed: true, may be empty)"));
+        return Err(ApiError::bad_request(
+            "append body is empty (only a close, Stream-Closed: true, may be empty)",
+        ));
     }
-    if !body.is_empty() && raw_content_type.as_deref().is_none_or(|c| c.trim().is_empty()) {
-        return Err(ApiError::bad_request("Content-Type is required on an append with a body"));
+    if !body.is_empty()
+        && raw_content_type
+            .as_deref()
+            .is_none_or(|c| c.trim().is_empty())
+    {
+        return Err(ApiError::bad_request(
+            "Content-Type is required on an append with a body",
+        ));
     }
     let has_body = !body.is_empty();
     let has_producer = producer.is_some();
     let outcome = app
         .engine
-        .append(AppendRequest { name, content_type: raw_content_type, body, close, stream_seq, producer })
+        .append(AppendRequest {
+            name,
+            content_type: raw_content_type,
+            body,
+            close,
+            stream_seq,
+            producer,
+        })
         .await?;
     let resp = match outcome {
-        AppendOutcome::Appended { tail, closed, producer } => {
-            let status = if has_producer && has_body { StatusCode::OK } else { StatusCode::NO_CONTENT };
-            let mut r = Response::builder().status(status).header(STREAM_NEXT_OFFSET, tail.to_string());
+        AppendOutcome::Appended {
+            tail,
+            closed,
+            producer,
+        } => {
+            let status = if has_producer && has_body {
+                StatusCode::OK
+            } else {
+                StatusCode::NO_CONTENT
+            };
+            let mut r = Response::builder()
+                .status(status)
+                .header(STREAM_NEXT_OFFSET, tail.to_string());
             if closed {
                 r = r.header(STREAM_CLOSED, "true");
             }
@@ -128,7 +185,12 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
             }
             r
         }
-        AppendOutcome::Duplicate { tail, closed, epoch, last_seq } => {
+        AppendOutcome::Duplicate {
+            tail,
+            closed,
+            epoch,
+            last_seq,
+        } => {
             let mut r = Response::builder()
                 .status(StatusCode::NO_CONTENT)
                 .header(STREAM_NEXT_OFFSET, tail.to_string())
@@ -145,5 +207,8 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
 
 pub async fn delete(app: &AppState, name: String) -> HttpResult {
     app.engine.delete(&name).await?;
-    Ok(Response::builder().status(StatusCode::NO_CONTENT).body(Body::empty()).expect("valid response"))
+    Ok(Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .body(Body::empty())
+        .expect("valid response"))
 }

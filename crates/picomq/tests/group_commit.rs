@@ -1,0 +1,81 @@
+//! Group commit: appends to many streams arriving together share object-store writes.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{metric, Server, TempDir};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_across_streams_share_writes() {
+    let dir = TempDir::new("group-commit");
+    // A store slower than the append rate, as S3 is: 20 ms per PUT.
+    let server = Server::start(dir.path(), &["--store-latency", "20ms"]).await;
+    const CLIENTS: usize = 50;
+    const PER_CLIENT: usize = 20;
+    for c in 0..CLIENTS {
+        let r = server
+            .client
+            .put(&format!("/gc/{c}"), &[("content-type", "text/plain")], "")
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 201);
+    }
+    let puts_before = metric(&server.client, "picomq_wal_objects_written_total").await;
+    let files_before = wal_files(dir.path());
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let client = server.client.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..PER_CLIENT {
+                let r = client
+                    .post(
+                        &format!("/gc/{c}"),
+                        &[("content-type", "text/plain")],
+                        format!("{c}-{i}\n"),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let appends = (CLIENTS * PER_CLIENT) as f64;
+    let puts = metric(&server.client, "picomq_wal_objects_written_total").await - puts_before;
+    let files = wal_files(dir.path()) - files_before;
+    eprintln!("{appends} appends from {CLIENTS} clients on {CLIENTS} streams -> {puts} WAL objects ({files} files)");
+    assert_eq!(puts as usize, files, "metric and the bucket disagree");
+    assert!(puts > 0.0);
+    assert!(
+        puts * 5.0 <= appends,
+        "{puts} PUTs for {appends} appends: writes are not being shared"
+    );
+    // And every append is there.
+    for c in 0..CLIENTS {
+        let data = support::read_all(&server.client, &format!("/gc/{c}")).await;
+        assert_eq!(String::from_utf8(data).unwrap().lines().count(), PER_CLIENT);
+    }
+    let _ = Duration::ZERO;
+}
+
+fn wal_files(data_dir: &std::path::Path) -> usize {
+    let wal = data_dir.join("objects").join("wal");
+    let Ok(epochs) = std::fs::read_dir(&wal) else {
+        return 0;
+    };
+    epochs
+        .flatten()
+        .map(|e| {
+            std::fs::read_dir(e.path())
+                .map(|d| {
+                    d.flatten()
+                        .filter(|f| f.file_name().to_string_lossy().ends_with(".wal"))
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}

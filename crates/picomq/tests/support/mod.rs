@@ -1,0 +1,232 @@
+//! Shared helpers for integration tests: start the real `picomq` binary on an
+//! ephemeral port with its own data directory, wait until it is ready, kill it
+//! (SIGKILL or SIGTERM) and start it again on the same data.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use picomq_client::Client;
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh, empty directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("picomq-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind ephemeral port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+pub struct Server {
+    pub port: u16,
+    pub url: String,
+    pub client: Client,
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `picomq serve` on a free port with `data_dir` and extra flags, and
+    /// waits until it answers /readyz.
+    pub async fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut server = Server {
+            port,
+            client: Client::new(&url),
+            url,
+            data_dir: data_dir.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            log: data_dir.join(format!("server-{port}.log")),
+        };
+        server.spawn().await;
+        server
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open server log");
+        let child = Command::new(env!("CARGO_BIN_EXE_picomq"))
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.args)
+            .env("PICOMQ_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn picomq");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(30)).await;
+    }
+
+    pub async fn wait_ready(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(r) = self.client.get("/readyz").await {
+                if r.status.as_u16() == 200 {
+                    return;
+                }
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "picomq exited during start-up ({status}); log:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "picomq not ready within {limit:?}; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then wait (bounded) for the process to exit.
+    pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("server running");
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "picomq did not exit within {limit:?} of SIGTERM; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the server again on the same port and data directory.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads a whole stream from the beginning with catch-up reads.
+pub async fn read_all(client: &Client, path: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut offset = "-1".to_string();
+    loop {
+        let r = client
+            .get(&format!("{path}?offset={offset}"))
+            .await
+            .expect("read");
+        assert_eq!(
+            r.status.as_u16(),
+            200,
+            "read {path} at {offset}: {}",
+            r.text()
+        );
+        out.extend_from_slice(&r.body);
+        let next = r
+            .header("stream-next-offset")
+            .expect("next offset")
+            .to_string();
+        if r.header("stream-up-to-date") == Some("true") {
+            return out;
+        }
+        assert_ne!(next, offset, "read made no progress");
+        offset = next;
+    }
+}
+
+/// A metric's value from /metrics (sum over label sets), or 0 if absent.
+pub async fn metric(client: &Client, name: &str) -> f64 {
+    let text = client.get("/metrics").await.expect("metrics").text();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
