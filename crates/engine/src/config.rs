@@ -18,8 +18,12 @@ pub struct WalConfig {
     pub max_writes_per_sec: Option<f64>,
     /// Cap on the exponential backoff between retries of a failing upload.
     pub retry_backoff_max: Duration,
-    /// After failing this long, the store is reported down and new appends fail fast.
+    /// After failing this long, the store is reported down: new appends fail fast
+    /// and appends waiting on the failing upload get 503 (their outcome unknown).
     pub store_down_after: Duration,
+    /// One upload attempt that has not answered after this long is abandoned and
+    /// retried (a hung connection must not stall the log forever).
+    pub upload_attempt_timeout: Duration,
 }
 
 impl Default for WalConfig {
@@ -32,6 +36,7 @@ impl Default for WalConfig {
             max_writes_per_sec: None,
             retry_backoff_max: Duration::from_secs(2),
             store_down_after: Duration::from_secs(5),
+            upload_attempt_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -57,6 +62,32 @@ pub struct EngineConfig {
     pub stream_seq_bytes_max: usize,
     /// Idempotent producers remembered per stream.
     pub producers_per_stream_max: usize,
+    /// How often the node checks the bucket for a newer process that fenced it
+    /// (one HEAD request each time); `None` = only learn it on the next write.
+    pub fence_check_interval: Option<Duration>,
+    /// Prices for the estimated object-store bill in /metrics.
+    pub cost: CostConfig,
+}
+
+/// Object-store prices, in US dollars. Defaults: S3 Standard, us-east-1.
+#[derive(Clone, Copy, Debug)]
+pub struct CostConfig {
+    /// Per 1,000 PUT, COPY, POST or LIST requests.
+    pub put_per_1000_usd: f64,
+    /// Per 1,000 GET or HEAD requests.
+    pub get_per_1000_usd: f64,
+    /// Per GB stored for a month (30 days).
+    pub storage_gb_month_usd: f64,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            put_per_1000_usd: 0.005,
+            get_per_1000_usd: 0.0004,
+            storage_gb_month_usd: 0.023,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -74,6 +105,8 @@ impl Default for EngineConfig {
             producer_id_bytes_max: 256,
             stream_seq_bytes_max: 256,
             producers_per_stream_max: 10_000,
+            fence_check_interval: Some(Duration::from_secs(10)),
+            cost: CostConfig::default(),
         }
     }
 }

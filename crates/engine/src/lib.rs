@@ -6,15 +6,17 @@
 
 pub mod config;
 pub mod error;
+pub mod fencing;
 pub mod indexer;
 pub mod meta;
+pub mod metrics;
 pub mod offset;
 pub mod recovery;
 pub mod store;
 pub mod stream;
 pub mod wal;
 
-pub use config::{EngineConfig, WalConfig};
+pub use config::{CostConfig, EngineConfig, WalConfig};
 pub use error::{EngineError, Result};
 pub use offset::{Offset, OffsetError, OffsetQuery};
 pub use stream::{

@@ -1,5 +1,5 @@
-//! Recovery: bring the metadata store up to date with the bucket, then seal what the
-//! previous incarnations left open.
+//! Recovery: claim an epoch, bring the metadata store up to date with the bucket,
+//! then seal what the previous incarnations left open.
 //!
 //! WAL objects are replayed in key order, from the metadata watermark on. Within an
 //! incarnation (epoch) objects are numbered without gaps while that process lived,
@@ -8,6 +8,7 @@
 //! acknowledged and is ignored. Recovery then writes a seal object at that number,
 //! create-only, so the gap stays a gap forever: a late upload from the old process
 //! (a zombie) fails with AlreadyExists and that process learns it is fenced.
+//! Epochs that were claimed (see `fencing`) but never wrote are sealed at 0.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,41 +18,57 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{EngineError, Result};
+use crate::fencing;
 use crate::meta::Meta;
 use crate::wal::format::{self, SEAL_MAGIC};
 use crate::wal::{FlushedChunk, FlushedObject};
 
 pub struct Recovered {
-    /// The epoch this incarnation writes under.
+    /// The epoch this incarnation writes under (claimed in the bucket).
     pub epoch: u64,
     pub objects_replayed: u64,
+    /// Total size of the WAL objects listed, for the storage-cost estimate.
+    pub listed_bytes: u64,
 }
 
 pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> {
     let watermark = meta.watermark().await?;
-    let mut epochs: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    let mut listing = store.list(Some(&Path::from("wal")));
-    while let Some(object) = listing.try_next().await? {
-        if let Some((epoch, seq)) = format::parse_object_key(object.location.as_ref()) {
-            epochs.entry(epoch).or_default().insert(seq);
+    // Claim first, list after: every epoch below ours is then visible to us.
+    let mut epoch = fencing::claim(store, meta.node_epoch().await? + 1).await?;
+    let (epochs, listed_bytes) = loop {
+        let mut epochs: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        let mut listed_bytes = 0;
+        let mut listing = store.list(Some(&Path::from("wal")));
+        while let Some(object) = listing.try_next().await? {
+            if let Some((e, seq)) = format::parse_object_key(object.location.as_ref()) {
+                epochs.entry(e).or_default().insert(seq);
+                listed_bytes += object.size;
+            }
         }
-    }
-    let max_epoch = epochs
-        .keys()
-        .next_back()
-        .copied()
-        .unwrap_or(0)
-        .max(meta.node_epoch().await?);
+        // Claimed epochs that never wrote an object get sealed at 0 like any other.
+        for claimed in fencing::list_claims(store).await? {
+            if claimed < epoch {
+                epochs.entry(claimed).or_default();
+            }
+        }
+        match epochs.keys().next_back() {
+            // A log written without a claim (by an older version): claim above it.
+            Some(&highest) if highest >= epoch => {
+                epoch = fencing::claim(store, highest + 1).await?;
+            }
+            _ => break (epochs, listed_bytes),
+        }
+    };
     let mut replayed = 0;
-    for (&epoch, seqs) in &epochs {
+    for (&e, seqs) in &epochs {
         let mut seq = match watermark {
-            Some(w) if epoch < w.epoch => continue,
-            Some(w) if epoch == w.epoch => w.next_seq,
+            Some(w) if e < w.epoch => continue,
+            Some(w) if e == w.epoch => w.next_seq,
             _ => 0,
         };
         loop {
-            let key = format::object_key(epoch, seq);
-            if !seqs.contains(&seq) && seal(store, &key, max_epoch + 1).await? {
+            let key = format::object_key(e, seq);
+            if !seqs.contains(&seq) && seal(store, &key, epoch).await? {
                 break;
             }
             // The object exists (listed, or it appeared while we tried to seal).
@@ -64,11 +81,11 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             seq += 1;
         }
     }
-    let epoch = max_epoch + 1;
     meta.set_state_value("node_epoch", epoch).await?;
     Ok(Recovered {
         epoch,
         objects_replayed: replayed,
+        listed_bytes,
     })
 }
 

@@ -203,11 +203,15 @@ impl Meta {
                             } else {
                                 None
                             };
-                            sqlx::query("UPDATE streams SET tail = MAX(tail, ?), closed = closed OR ?, closed_by = COALESCE(?, closed_by), stream_seq = COALESCE(?, stream_seq) WHERE id = ?")
+                            // A write is an access: after a rebuild from the bucket a
+                            // sliding TTL counts from the last write at the latest.
+                            let written_ms = a.records.last().map_or(0, |r| r.ts_ms);
+                            sqlx::query("UPDATE streams SET tail = MAX(tail, ?), closed = closed OR ?, closed_by = COALESCE(?, closed_by), stream_seq = COALESCE(?, stream_seq), last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")
                                 .bind(a.end().0 as i64)
                                 .bind(a.close)
                                 .bind(closed_by)
                                 .bind(&a.stream_seq)
+                                .bind(written_ms as i64)
                                 .bind(id)
                                 .execute(&mut *tx)
                                 .await?;
@@ -343,6 +347,15 @@ impl Meta {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Streams that exist for clients (not deleted, not soft-deleted).
+    pub async fn stream_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM streams WHERE soft_deleted = 0")
+            .fetch_one(&self.pool)
+            .await?
+            .get(0);
+        Ok(n as u64)
     }
 
     /// Names of live streams after `after` that start with `prefix`, in name order.

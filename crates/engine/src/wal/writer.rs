@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use super::format::{self, Op};
 use crate::config::WalConfig;
 use crate::error::{EngineError, Result};
+use crate::metrics::{Histogram, BYTES_BOUNDS, COUNT_BOUNDS};
 
 /// Told, in log order, when a submitted op became durable and when its index rows
 /// were written to the metadata store.
@@ -70,12 +71,33 @@ pub enum WalHealth {
     Stopped,
 }
 
-#[derive(Default)]
 pub struct WalStats {
     pub objects_written: AtomicU64,
     pub bytes_written: AtomicU64,
     pub ops_written: AtomicU64,
+    pub records_written: AtomicU64,
     pub upload_retries: AtomicU64,
+    /// Size of each WAL object written, in bytes.
+    pub flush_bytes: Histogram,
+    /// Ops (appends, creates, closes, deletes) per WAL object.
+    pub flush_ops: Histogram,
+    /// Bytes accepted and waiting for an upload to start.
+    pub queued_bytes: AtomicU64,
+}
+
+impl Default for WalStats {
+    fn default() -> Self {
+        WalStats {
+            objects_written: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            ops_written: AtomicU64::new(0),
+            records_written: AtomicU64::new(0),
+            upload_retries: AtomicU64::new(0),
+            flush_bytes: Histogram::new(BYTES_BOUNDS),
+            flush_ops: Histogram::new(COUNT_BOUNDS),
+            queued_bytes: AtomicU64::new(0),
+        }
+    }
 }
 
 struct Buffer {
@@ -152,6 +174,10 @@ impl Wal {
             }
             buf.bytes += size;
             buf.subs.push(sub);
+            self.shared
+                .stats
+                .queued_bytes
+                .store(buf.bytes as u64, Ordering::Relaxed);
         }
         self.shared.wake.notify_one();
         Ok(())
@@ -168,6 +194,22 @@ impl Wal {
             )),
             WalHealth::Stopped => Err(EngineError::Unavailable("server is shutting down".into())),
         }
+    }
+
+    /// Another process took over the bucket: stop acknowledging, refuse new ops.
+    pub fn fence(&self) {
+        let changed = self.shared.health.send_if_modified(|h| {
+            if matches!(h, WalHealth::Ok | WalHealth::StoreDown(_)) {
+                *h = WalHealth::Fenced;
+                true
+            } else {
+                false
+            }
+        });
+        if changed {
+            tracing::error!("a newer process claimed this bucket: this node is fenced and refuses writes");
+        }
+        self.shared.wake.notify_one();
     }
 
     pub fn health(&self) -> watch::Receiver<WalHealth> {
@@ -203,6 +245,7 @@ type Upload = JoinHandle<Result<Encoded, ()>>;
 struct Encoded {
     key: String,
     seq: u64,
+    bytes: usize,
     chunks: Vec<FlushedChunk>,
 }
 
@@ -210,6 +253,10 @@ impl Writer {
     async fn run(mut self) {
         let mut inflight: FuturesOrdered<Upload> = FuturesOrdered::new();
         loop {
+            if *self.shared.health.borrow() == WalHealth::Fenced {
+                self.fail_buffer();
+                return;
+            }
             let (buffered, closed) = {
                 let buf = self.shared.buffer.lock().expect("wal buffer lock");
                 (buf.bytes, buf.closed)
@@ -272,6 +319,10 @@ impl Writer {
                 n += 1;
             }
             buf.bytes -= taken;
+            self.shared
+                .stats
+                .queued_bytes
+                .store(buf.bytes as u64, Ordering::Relaxed);
             let rest = buf.subs.split_off(n);
             std::mem::replace(&mut buf.subs, rest)
         };
@@ -283,14 +334,35 @@ impl Writer {
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
+            let len = bytes.len();
             upload(&*store, &key, bytes, &shared).await?;
-            Ok(Encoded { key, seq, chunks })
+            Ok(Encoded {
+                key,
+                seq,
+                bytes: len,
+                chunks,
+            })
         })
     }
 
     async fn complete(&mut self, encoded: Encoded) {
         let stats = &self.shared.stats;
         stats.objects_written.fetch_add(1, Ordering::Relaxed);
+        stats.flush_bytes.observe(encoded.bytes as f64);
+        let ops: usize = encoded.chunks.iter().map(|c| c.ops.len()).sum();
+        stats.flush_ops.observe(ops as f64);
+        let records: usize = encoded
+            .chunks
+            .iter()
+            .flat_map(|c| &c.ops)
+            .map(|(_, op)| match op {
+                Op::Append(a) => a.records.len(),
+                _ => 0,
+            })
+            .sum();
+        stats
+            .records_written
+            .fetch_add(records as u64, Ordering::Relaxed);
         for chunk in &encoded.chunks {
             if let Some(listener) = &chunk.listener {
                 for (op_no, op) in &chunk.ops {
@@ -317,6 +389,7 @@ impl Writer {
         buf.subs.clear();
         buf.bytes = 0;
         buf.closed = true;
+        self.shared.stats.queued_bytes.store(0, Ordering::Relaxed);
     }
 }
 
@@ -353,6 +426,10 @@ fn encode(epoch: u64, seq: u64, subs: Vec<Submission>) -> (Bytes, Vec<FlushedChu
 
 /// Writes one object create-only, retrying transient failures until it lands.
 /// `Err` means this node is fenced: the key exists with other bytes.
+///
+/// The store is declared down `store_down_after` from the first attempt, even while
+/// an attempt is still pending (a client's own retries or a hung connection must not
+/// hide an outage), and healthy again as soon as an attempt lands.
 async fn upload(
     store: &dyn ObjectStore,
     key: &str,
@@ -361,18 +438,24 @@ async fn upload(
 ) -> Result<(), ()> {
     let path = Path::from(key);
     let started = Instant::now();
+    let down_at = tokio::time::Instant::from_std(started + shared.config.store_down_after);
     let mut backoff = Duration::from_millis(10);
     let mut attempt = 0u32;
     loop {
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
+        let attempt_result = {
+            let put = attempt_put(store, &path, &bytes, shared.config.upload_attempt_timeout);
+            tokio::pin!(put);
+            loop {
+                tokio::select! {
+                    r = &mut put => break r,
+                    _ = tokio::time::sleep_until(down_at), if !store_down(shared) => {
+                        mark_down(shared, "uploads have been failing or hanging".into());
+                    }
+                }
+            }
         };
-        let err = match store
-            .put_opts(&path, PutPayload::from(bytes.clone()), opts)
-            .await
-        {
-            Ok(_) => {
+        let err = match attempt_result {
+            Attempt::Landed => {
                 mark_healthy(shared);
                 shared
                     .stats
@@ -380,41 +463,13 @@ async fn upload(
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 return Ok(());
             }
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                // Either an earlier attempt of ours landed (its response was lost), or
-                // a newer incarnation sealed this key to fence us. The bytes tell.
-                match store.get(&path).await {
-                    Ok(existing) => match existing.bytes().await {
-                        Ok(existing) if existing == bytes => {
-                            mark_healthy(shared);
-                            return Ok(());
-                        }
-                        Ok(_) => {
-                            tracing::error!(
-                                key,
-                                "WAL key taken by another writer: this node is fenced"
-                            );
-                            return Err(());
-                        }
-                        Err(e) => e,
-                    },
-                    Err(e) => e,
-                }
-            }
-            Err(e) => e,
+            Attempt::Fenced => return Err(()),
+            Attempt::Failed(e) => e,
         };
         attempt += 1;
         shared.stats.upload_retries.fetch_add(1, Ordering::Relaxed);
         if started.elapsed() >= shared.config.store_down_after {
-            let msg = err.to_string();
-            shared.health.send_if_modified(|h| {
-                if *h == WalHealth::Ok {
-                    *h = WalHealth::StoreDown(msg);
-                    true
-                } else {
-                    false
-                }
-            });
+            mark_down(shared, err.clone());
         }
         if attempt == 1 || attempt.is_power_of_two() {
             tracing::warn!(key, attempt, error = %err, "WAL upload failed; retrying");
@@ -423,6 +478,59 @@ async fn upload(
         tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
         backoff = (backoff * 2).min(shared.config.retry_backoff_max);
     }
+}
+
+enum Attempt {
+    Landed,
+    Fenced,
+    Failed(String),
+}
+
+/// One create-only PUT, resolving `AlreadyExists` by comparing bytes.
+async fn attempt_put(store: &dyn ObjectStore, path: &Path, bytes: &Bytes, timeout: Duration) -> Attempt {
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    let put = store.put_opts(path, PutPayload::from(bytes.clone()), opts);
+    match tokio::time::timeout(timeout, put).await {
+        Err(_) => Attempt::Failed(format!("no answer within {timeout:?}")),
+        Ok(Ok(_)) => Attempt::Landed,
+        Ok(Err(object_store::Error::AlreadyExists { .. })) => {
+            // Either an earlier attempt of ours landed (its response was lost), or
+            // a newer incarnation sealed this key to fence us. The bytes tell.
+            let existing = async { store.get(path).await?.bytes().await };
+            match tokio::time::timeout(timeout, existing).await {
+                Ok(Ok(existing)) if existing == *bytes => Attempt::Landed,
+                Ok(Ok(_)) => {
+                    tracing::error!(
+                        key = %path,
+                        "WAL key taken by another writer: this node is fenced"
+                    );
+                    Attempt::Fenced
+                }
+                Ok(Err(e)) => Attempt::Failed(e.to_string()),
+                Err(_) => Attempt::Failed(format!("no answer within {timeout:?}")),
+            }
+        }
+        Ok(Err(e)) => Attempt::Failed(e.to_string()),
+    }
+}
+
+fn store_down(shared: &Shared) -> bool {
+    !matches!(*shared.health.borrow(), WalHealth::Ok)
+}
+
+fn mark_down(shared: &Shared, msg: String) {
+    shared.health.send_if_modified(|h| {
+        if *h == WalHealth::Ok {
+            tracing::error!(error = %msg, "object store down: new appends fail fast until it answers again");
+            *h = WalHealth::StoreDown(msg);
+            true
+        } else {
+            false
+        }
+    });
 }
 
 fn mark_healthy(shared: &Shared) {

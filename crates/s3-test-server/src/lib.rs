@@ -1,0 +1,260 @@
+//! An S3-compatible server for tests and CI: the `s3s` protocol layer over the
+//! `s3s-fs` directory backend, with two fixes that make it trustworthy for PicoMQ:
+//!
+//! - conditional PUTs (`If-None-Match: *`, `If-Match`) are atomic: s3s-fs checks and
+//!   then writes, so two racing create-only PUTs could both succeed; here every PUT
+//!   holds a per-key lock across check and write;
+//! - accepted sockets get TCP_NODELAY (otherwise Nagle + delayed ACKs add ~40 ms).
+//!
+//! It can also be switched "down" (every request answers 503), to test outages
+//! against a real HTTP object store. It is not a mock: object_store's S3 client
+//! talks to it over HTTP with SigV4, exactly as it talks to AWS.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::dto::*;
+use s3s::service::S3ServiceBuilder;
+use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+
+/// Credentials the server accepts (any SigV4 signature with this key pair).
+pub const ACCESS_KEY: &str = "picomq-test";
+pub const SECRET_KEY: &str = "picomq-test-secret";
+pub const REGION: &str = "us-east-1";
+
+const LOCK_STRIPES: usize = 256;
+
+/// Switches shared between a running server and its owner.
+#[derive(Default, Debug)]
+pub struct Control {
+    down: AtomicBool,
+    pub requests: AtomicU64,
+}
+
+impl Control {
+    /// While down, every request answers 503 ServiceUnavailable.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+    fn check(&self) -> S3Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(s3_error!(ServiceUnavailable, "test server switched down"));
+        }
+        Ok(())
+    }
+}
+
+struct AtomicFs {
+    fs: s3s_fs::FileSystem,
+    stripes: Vec<Mutex<()>>,
+    hasher: std::collections::hash_map::RandomState,
+    control: Arc<Control>,
+}
+
+impl AtomicFs {
+    fn stripe(&self, bucket: &str, key: &str) -> &Mutex<()> {
+        let mut h = self.hasher.build_hasher();
+        (bucket, key).hash(&mut h);
+        &self.stripes[h.finish() as usize % LOCK_STRIPES]
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for AtomicFs {
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.control.check()?;
+        let _guard = self
+            .stripe(&req.input.bucket, &req.input.key)
+            .lock()
+            .await;
+        self.fs.put_object(req).await
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.control.check()?;
+        let _guard = self
+            .stripe(&req.input.bucket, &req.input.key)
+            .lock()
+            .await;
+        self.fs.delete_object(req).await
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.control.check()?;
+        self.fs.create_bucket(req).await
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.control.check()?;
+        self.fs.head_bucket(req).await
+    }
+
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.control.check()?;
+        self.fs.list_buckets(req).await
+    }
+
+    async fn get_bucket_location(&self, req: S3Request<GetBucketLocationInput>) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.control.check()?;
+        self.fs.get_bucket_location(req).await
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        self.control.check()?;
+        self.fs.get_object(req).await
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.control.check()?;
+        self.fs.head_object(req).await
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        self.control.check()?;
+        self.fs.list_objects(req).await
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.control.check()?;
+        self.fs.list_objects_v2(req).await
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        self.control.check()?;
+        self.fs.delete_objects(req).await
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        self.control.check()?;
+        self.fs.copy_object(req).await
+    }
+
+    async fn create_multipart_upload(&self, req: S3Request<CreateMultipartUploadInput>) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.control.check()?;
+        self.fs.create_multipart_upload(req).await
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        self.control.check()?;
+        self.fs.upload_part(req).await
+    }
+
+    async fn complete_multipart_upload(&self, req: S3Request<CompleteMultipartUploadInput>) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.control.check()?;
+        self.fs.complete_multipart_upload(req).await
+    }
+
+    async fn abort_multipart_upload(&self, req: S3Request<AbortMultipartUploadInput>) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.control.check()?;
+        self.fs.abort_multipart_upload(req).await
+    }
+}
+
+/// A running server.
+pub struct S3Server {
+    pub addr: SocketAddr,
+    pub root: PathBuf,
+    pub control: Arc<Control>,
+}
+
+impl S3Server {
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Environment for an S3 client of this server (`AWS_*` variables).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", REGION.to_string()),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+        ]
+    }
+}
+
+/// Serves buckets from subdirectories of `root`, creating `buckets` up front, on
+/// `listener`. Runs until the runtime it was spawned on stops.
+pub async fn start(listener: TcpListener, root: &Path, buckets: &[&str]) -> std::io::Result<S3Server> {
+    for bucket in buckets {
+        std::fs::create_dir_all(root.join(bucket))?;
+    }
+    let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+    let control = Arc::new(Control::default());
+    let store = AtomicFs {
+        fs,
+        stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+        hasher: Default::default(),
+        control: control.clone(),
+    };
+    let service = {
+        let mut b = S3ServiceBuilder::new(store);
+        b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        b.build()
+    };
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let http = ConnBuilder::new(TokioExecutor::new());
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = socket.set_nodelay(true);
+            let conn = http
+                .serve_connection(TokioIo::new(socket), service.clone())
+                .into_owned();
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    });
+    Ok(S3Server {
+        addr,
+        root: root.to_path_buf(),
+        control,
+    })
+}
+
+/// Starts a server on its own thread and runtime (so it outlives any one test's
+/// runtime), on an ephemeral loopback port.
+pub fn start_in_background(root: &Path, buckets: &[&str]) -> std::io::Result<S3Server> {
+    let root = root.to_path_buf();
+    let buckets: Vec<String> = buckets.iter().map(|b| b.to_string()).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("s3-test-server".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("s3 test server runtime");
+            runtime.block_on(async move {
+                let started = async {
+                    let listener = TcpListener::bind("127.0.0.1:0").await?;
+                    let names: Vec<&str> = buckets.iter().map(String::as_str).collect();
+                    start(listener, &root, &names).await
+                };
+                let _ = tx.send(started.await);
+                std::future::pending::<()>().await;
+            });
+        })?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("s3 test server thread died"))?
+}
