@@ -1,0 +1,527 @@
+//! The append workload: create the streams, start live readers, run the writers
+//! through warm-up and the measured window (closed loop, or open loop at --rate),
+//! then catch-up reads; sample the server (/metrics, /proc) at the window's edges.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::header::HeaderValue;
+use hyper::Method;
+use tokio::sync::{watch, Mutex};
+
+use crate::config::{Live, Workload};
+use crate::conn::{Conn, Target};
+use crate::live::{encode_query, Reader};
+use crate::payload::{now_us, origin, scan, BodyTemplate};
+use crate::progress::Progress;
+use crate::report::{mb, AppendReport, CatchUpReport, EndToEndReport, Latency, Report};
+use crate::server_metrics::{self, Scrape, Scraper};
+use crate::stats::Stats;
+use crate::{proc, BenchError};
+
+/// Longest wait for one append's answer before it counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// After the last append, how long live readers get to receive what was acked.
+const LIVE_DRAIN_MAX: Duration = Duration::from_secs(5);
+
+/// The measured window on the [`now_us`] clock; unset (empty) until the writers start.
+pub struct Window {
+    from_us: AtomicU64,
+    to_us: AtomicU64,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            from_us: AtomicU64::new(u64::MAX),
+            to_us: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Window {
+    pub fn bounds(&self) -> (u64, u64) {
+        (
+            self.from_us.load(Ordering::Relaxed),
+            self.to_us.load(Ordering::Relaxed),
+        )
+    }
+    fn set(&self, from_us: u64, to_us: u64) {
+        self.to_us.store(to_us, Ordering::Relaxed);
+        self.from_us.store(from_us, Ordering::Relaxed);
+    }
+}
+
+pub fn sleep_until_us(at_us: u64) -> tokio::time::Sleep {
+    tokio::time::sleep_until(tokio::time::Instant::from_std(
+        origin() + Duration::from_micros(at_us),
+    ))
+}
+
+/// A writer's way to the server: its own connection, or a turn on a shared one.
+enum Lane {
+    Own(Conn),
+    Shared(Arc<Mutex<Conn>>),
+}
+
+impl Lane {
+    async fn post(&mut self, path: &str, ct: &HeaderValue, body: Bytes) -> Result<u16, BenchError> {
+        match self {
+            Lane::Own(c) => post_on(c, path, ct, body).await,
+            Lane::Shared(c) => post_on(&mut *c.lock().await, path, ct, body).await,
+        }
+    }
+}
+
+async fn post_on(
+    c: &mut Conn,
+    path: &str,
+    ct: &HeaderValue,
+    body: Bytes,
+) -> Result<u16, BenchError> {
+    let sent = c.send(Method::POST, path, Some(ct), &[], body);
+    match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
+        Ok(r) => r.map(|a| a.status.as_u16()),
+        Err(_) => Err(BenchError::Request("timeout".into())),
+    }
+}
+
+/// Makes one lane per writer: its own connection where there are as many
+/// connections as writers, else a share of `connections` connections.
+async fn lanes(w: &Workload, target: &Target) -> Result<Vec<Lane>, BenchError> {
+    let mut conns = Vec::with_capacity(w.connections);
+    for _ in 0..w.connections {
+        let mut c = target.conn();
+        c.establish().await?;
+        conns.push(c);
+    }
+    if w.connections == w.in_flight {
+        return Ok(conns.into_iter().map(Lane::Own).collect());
+    }
+    if w.http2 {
+        return Ok((0..w.in_flight)
+            .map(|i| Lane::Own(conns[i % conns.len()].share().expect("connected h2")))
+            .collect());
+    }
+    let shared: Vec<Arc<Mutex<Conn>>> =
+        conns.into_iter().map(|c| Arc::new(Mutex::new(c))).collect();
+    Ok((0..w.in_flight)
+        .map(|i| Lane::Shared(shared[i % shared.len()].clone()))
+        .collect())
+}
+
+/// Runs `n` tasks over `items`, `f(task, item)` each, at most `concurrency` at once.
+pub async fn for_each_concurrent<F, Fut>(items: usize, concurrency: usize, f: F)
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let f = Arc::new(f);
+    let mut tasks = Vec::new();
+    for task in 0..concurrency.clamp(1, items.max(1)) {
+        let next = next.clone();
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= items {
+                    break;
+                }
+                f(task, i).await;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Creates the bench streams; returns the `Server` header of the first answer.
+pub async fn create_streams(w: &Workload, target: &Target) -> Result<Option<String>, BenchError> {
+    let ct = HeaderValue::from_str(&w.content_type)
+        .map_err(|_| BenchError::Config("--content-type is not a valid header".into()))?;
+    let failures = Arc::new(crate::stats::Errors::default());
+    let server = Arc::new(std::sync::Mutex::new(None::<String>));
+    {
+        let (failures, server, target, ct) = (failures.clone(), server.clone(), target.clone(), ct);
+        let paths: Arc<Vec<String>> = Arc::new((0..w.streams).map(|i| w.stream_path(i)).collect());
+        let conns: Arc<Vec<Mutex<Conn>>> =
+            Arc::new((0..64).map(|_| Mutex::new(target.conn())).collect());
+        for_each_concurrent(w.streams, 64, move |task, i| {
+            let (failures, server, paths, conns, ct) = (
+                failures.clone(),
+                server.clone(),
+                paths.clone(),
+                conns.clone(),
+                ct.clone(),
+            );
+            async move {
+                let mut conn = conns[task].lock().await;
+                match conn
+                    .send(Method::PUT, &paths[i], Some(&ct), &[], Bytes::new())
+                    .await
+                {
+                    Ok(a) if a.status.is_success() => {
+                        if let Some(s) = a.header("server") {
+                            server
+                                .lock()
+                                .expect("server lock")
+                                .get_or_insert(s.to_string());
+                        }
+                    }
+                    Ok(a) => failures.add(&format!(
+                        "status {}: {}",
+                        a.status.as_u16(),
+                        String::from_utf8_lossy(&a.body)
+                    )),
+                    Err(e) => failures.add(&e.to_string()),
+                }
+            }
+        })
+        .await;
+    }
+    if failures.total() > 0 {
+        return Err(BenchError::Setup(format!(
+            "creating {} streams under {}{} failed {} times: {:?}",
+            w.streams,
+            w.origin,
+            w.base_path,
+            failures.total(),
+            failures.kinds()
+        )));
+    }
+    let server = server.lock().expect("server lock").clone();
+    Ok(server)
+}
+
+struct Ctx {
+    paths: Vec<String>,
+    ct: HeaderValue,
+    template: BodyTemplate,
+    stats: Arc<Stats>,
+    window: Arc<Window>,
+    next_request: AtomicU64,
+    start_us: u64,
+    end_us: u64,
+    /// Requests per second (open loop), from --rate in records.
+    requests_per_s: Option<f64>,
+}
+
+async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
+    let (from_us, to_us) = ctx.window.bounds();
+    let records = ctx.template.records() as u64;
+    let bytes = ctx.template.len() as u64;
+    loop {
+        let k = ctx.next_request.fetch_add(1, Ordering::Relaxed);
+        let scheduled_us = match ctx.requests_per_s {
+            Some(rps) => ctx.start_us + (k as f64 * 1e6 / rps) as u64,
+            None => now_us(),
+        };
+        if scheduled_us >= ctx.end_us {
+            break;
+        }
+        if ctx.requests_per_s.is_some() {
+            sleep_until_us(scheduled_us).await;
+        }
+        let path = &ctx.paths[(k % ctx.paths.len() as u64) as usize];
+        let body = ctx.template.render(now_us());
+        let result = lane.post(path, &ctx.ct, body).await;
+        let acked_us = now_us();
+        match result {
+            Ok(status) if (200..300).contains(&status) => {
+                ctx.stats
+                    .acked_records
+                    .fetch_add(records, Ordering::Relaxed);
+                if acked_us >= from_us && acked_us < to_us {
+                    ctx.stats.window_requests.fetch_add(1, Ordering::Relaxed);
+                    ctx.stats
+                        .window_records
+                        .fetch_add(records, Ordering::Relaxed);
+                    ctx.stats.window_bytes.fetch_add(bytes, Ordering::Relaxed);
+                }
+                if scheduled_us >= from_us {
+                    ctx.stats.ack.record(task, acked_us - scheduled_us);
+                }
+            }
+            Ok(status) => {
+                ctx.stats.errors.add(&format!("status {status}"));
+                if status == 429 || status == 503 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            Err(e) => {
+                ctx.stats.errors.add(&e.to_string());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Server figures at one edge of the window.
+struct Edge {
+    scrape: Option<Scrape>,
+    proc: Option<proc::ProcSample>,
+}
+
+async fn edge(scraper: Option<&Scraper>, pid: Option<u32>) -> Edge {
+    Edge {
+        scrape: match scraper {
+            Some(s) => s.scrape().await,
+            None => None,
+        },
+        proc: pid.and_then(proc::sample),
+    }
+}
+
+pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchError> {
+    let target = Target {
+        addr: w.addr,
+        authority: w.authority.clone(),
+        http2: w.http2,
+    };
+    report.target.server_header = create_streams(&w, &target).await?;
+    let scraper = w.metrics_url.as_deref().map(Scraper::new).transpose()?;
+    let stats = Arc::new(Stats::default());
+    let window = Arc::new(Window::default());
+
+    // Live readers first, so they are parked at the tail when appends begin.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let ready = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut readers = Vec::new();
+    for i in 0..w.readers {
+        let reader = Reader {
+            target: Target {
+                http2: false,
+                ..target.clone()
+            },
+            path: w.stream_path(i),
+            sse: w.live == Live::Sse,
+            task: i,
+            stats: stats.clone(),
+            window: window.clone(),
+            ready: ready.clone(),
+        };
+        readers.push(tokio::spawn(reader.run(stop_rx.clone())));
+    }
+    if w.readers > 0 {
+        // A long-poll reader answers its first request only when data arrives:
+        // count "request sent" rather than "answer received" by giving it a moment.
+        let wait = ready.acquire_many(w.readers as u32);
+        let limit = if w.live == Live::Sse { 10 } else { 1 };
+        let _ = tokio::time::timeout(Duration::from_secs(limit), wait).await;
+    }
+
+    let lanes = lanes(&w, &target).await?;
+    let start_us = now_us() + 1_000;
+    let from_us = start_us + w.warmup.as_micros() as u64;
+    let end_us = from_us + w.duration.as_micros() as u64;
+    window.set(from_us, end_us);
+    let ctx = Arc::new(Ctx {
+        paths: (0..w.streams).map(|i| w.stream_path(i)).collect(),
+        ct: HeaderValue::from_str(&w.content_type)
+            .map_err(|_| BenchError::Config("--content-type is not a valid header".into()))?,
+        template: BodyTemplate::new(w.record_bytes, w.batch, w.json),
+        stats: stats.clone(),
+        window: window.clone(),
+        next_request: AtomicU64::new(0),
+        start_us,
+        end_us,
+        requests_per_s: w.rate.map(|r| r / w.batch as f64),
+    });
+    let progress = Progress::start(&w, stats.clone(), window.clone(), start_us);
+    let client_before = proc::sample_self();
+    sleep_until_us(start_us).await;
+    let writers: Vec<_> = lanes
+        .into_iter()
+        .enumerate()
+        .map(|(task, lane)| tokio::spawn(writer(ctx.clone(), task, lane)))
+        .collect();
+
+    sleep_until_us(from_us).await;
+    let before = edge(scraper.as_ref(), w.server_pid).await;
+    let client_from = proc::sample_self();
+    sleep_until_us(end_us).await;
+    let after = edge(scraper.as_ref(), w.server_pid).await;
+    let client_to = proc::sample_self();
+    for t in writers {
+        let _ = t.await;
+    }
+
+    if w.readers > 0 {
+        // Readers follow only w.readers of the streams: expect their share.
+        let acked = stats.acked_records.load(Ordering::Relaxed);
+        let expected = acked * w.readers as u64 / w.streams as u64;
+        let deadline = now_us() + LIVE_DRAIN_MAX.as_micros() as u64;
+        while stats.live_records.load(Ordering::Relaxed) < expected && now_us() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let _ = stop_tx.send(true);
+    for r in readers {
+        let _ = r.await;
+    }
+    let peak_rss = progress.stop().await;
+
+    let window_s = w.duration.as_secs_f64();
+    let records = stats.window_records.load(Ordering::Relaxed);
+    let bytes = stats.window_bytes.load(Ordering::Relaxed);
+    let requests = stats.window_requests.load(Ordering::Relaxed);
+    report.append = Some(AppendReport {
+        requests,
+        records,
+        bytes,
+        records_per_s: records as f64 / window_s,
+        mib_per_s: bytes as f64 / window_s / (1024.0 * 1024.0),
+        requests_per_s: requests as f64 / window_s,
+        errors: stats.errors.total(),
+        error_kinds: stats.errors.kinds(),
+        ack_latency_ms: Latency::from_us(&stats.ack.merged()),
+    });
+    if w.readers > 0 {
+        report.end_to_end = Some(EndToEndReport {
+            mode: if w.live == Live::Sse {
+                "sse"
+            } else {
+                "long-poll"
+            }
+            .into(),
+            readers: w.readers,
+            records: stats.live_records.load(Ordering::Relaxed),
+            latency_ms: Latency::from_us(&stats.e2e.merged()),
+            reader_errors: stats.reader_errors.load(Ordering::Relaxed),
+        });
+    }
+    fill_server(report, &before, &after, records, window_s, peak_rss);
+    if let (Some(a), Some(b)) = (client_from, client_to) {
+        report.client.cpu_s = Some(b.cpu_secs - a.cpu_secs);
+        report.client.cpu_cores_busy = Some((b.cpu_secs - a.cpu_secs) / window_s);
+    } else if let Some(a) = client_before {
+        report.client.cpu_s = proc::sample_self().map(|b| b.cpu_secs - a.cpu_secs);
+    }
+
+    if let Some(limit) = w.catch_up {
+        report.catch_up = Some(catch_up(&w, &target, limit).await);
+    }
+    Ok(())
+}
+
+fn fill_server(
+    report: &mut Report,
+    before: &Edge,
+    after: &Edge,
+    records: u64,
+    window_s: f64,
+    peak_rss: Option<u64>,
+) {
+    let s = &mut report.server;
+    if let (Some(b), Some(a)) = (&before.scrape, &after.scrape) {
+        use server_metrics::*;
+        s.has_metrics = true;
+        s.wal_puts = delta(b, a, WAL_OBJECTS, &[]);
+        s.store_puts = delta(b, a, STORE_REQUESTS, &[("op", "put")]).or(s.wal_puts);
+        s.store_puts_per_s = s.store_puts.map(|p| p / window_s);
+        if records > 0 {
+            s.store_puts_per_1000_records = s.store_puts.map(|p| p * 1000.0 / records as f64);
+        }
+        let n = delta(b, a, &format!("{STORE_DURATION}_count"), &[("op", "put")]);
+        let sum = delta(b, a, &format!("{STORE_DURATION}_sum"), &[("op", "put")]);
+        if let (Some(n), Some(sum)) = (n, sum) {
+            if n > 0.0 {
+                s.store_put_ms_mean = Some(sum / n * 1000.0);
+            }
+        }
+        s.cpu_s = delta(b, a, PROCESS_CPU, &[]);
+        s.rss_mb_end = a.sum(PROCESS_RSS, &[]).map(|v| mb(v as u64));
+    }
+    if let (Some(b), Some(a)) = (before.proc, after.proc) {
+        s.cpu_s = Some(a.cpu_secs - b.cpu_secs);
+        s.rss_mb_end = Some(mb(a.rss_bytes));
+        s.vm_hwm_mb = Some(mb(a.rss_peak_bytes));
+    }
+    s.rss_mb_peak_sampled = peak_rss.map(mb);
+    if records > 0 {
+        s.cpu_s_per_million_records = s.cpu_s.map(|c| c * 1e6 / records as f64);
+    }
+}
+
+/// Reads every bench stream from its start, `min(streams, 8)` at a time, until each
+/// is up to date or `limit` passed.
+async fn catch_up(w: &Workload, target: &Target, limit: Duration) -> CatchUpReport {
+    let records = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let unfinished = Arc::new(AtomicU64::new(0));
+    let started = now_us();
+    let deadline = started + limit.as_micros() as u64;
+    let paths: Arc<Vec<String>> = Arc::new((0..w.streams).map(|i| w.stream_path(i)).collect());
+    let concurrency = w.streams.min(8);
+    let conns: Arc<Vec<Mutex<Conn>>> = Arc::new(
+        (0..concurrency)
+            .map(|_| Mutex::new(target.conn()))
+            .collect(),
+    );
+    {
+        let (records, bytes, errors, unfinished) = (
+            records.clone(),
+            bytes.clone(),
+            errors.clone(),
+            unfinished.clone(),
+        );
+        for_each_concurrent(w.streams, concurrency, move |task, i| {
+            let (records, bytes, errors, unfinished, paths, conns) = (
+                records.clone(),
+                bytes.clone(),
+                errors.clone(),
+                unfinished.clone(),
+                paths.clone(),
+                conns.clone(),
+            );
+            async move {
+                let mut conn = conns[task].lock().await;
+                let mut offset = "-1".to_string();
+                loop {
+                    if now_us() >= deadline {
+                        unfinished.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    let url = format!("{}?offset={}", paths[i], encode_query(&offset));
+                    let a = match conn.get(&url).await {
+                        Ok(a) if a.status.as_u16() == 200 => a,
+                        _ => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            unfinished.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    };
+                    bytes.fetch_add(a.body.len() as u64, Ordering::Relaxed);
+                    records.fetch_add(scan(&a.body, |_| {}), Ordering::Relaxed);
+                    let up_to_date = a
+                        .header("stream-up-to-date")
+                        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                    let next = a.header("stream-next-offset").map(str::to_string);
+                    match next {
+                        Some(n) if !up_to_date && n != offset && !a.body.is_empty() => offset = n,
+                        _ => return,
+                    }
+                }
+            }
+        })
+        .await;
+    }
+    let secs = (now_us() - started) as f64 / 1e6;
+    let records = records.load(Ordering::Relaxed);
+    let bytes = bytes.load(Ordering::Relaxed);
+    CatchUpReport {
+        streams: w.streams,
+        records,
+        bytes,
+        secs,
+        records_per_s: records as f64 / secs.max(1e-9),
+        mib_per_s: bytes as f64 / secs.max(1e-9) / (1024.0 * 1024.0),
+        complete: unfinished.load(Ordering::Relaxed) == 0,
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
