@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run the server (defaults: 127.0.0.1:4437, data in ./picomq-data).
     Serve(Box<serve::ServeArgs>),
+    /// Benchmark any Durable Streams server (appends, live and catch-up reads, costs).
+    Bench(Box<picomq_bench::BenchArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -30,5 +32,6 @@ fn main() -> std::process::ExitCode {
         .expect("tokio runtime");
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
+        Command::Bench(args) => runtime.block_on(picomq_bench::run(*args)),
     }
 }

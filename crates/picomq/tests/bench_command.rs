@@ -1,0 +1,151 @@
+//! `picomq bench` against a real server: a short run acknowledges records, its live
+//! readers see them, catch-up reads them back, and the JSON report carries the
+//! figures the comparison tables read. No timing is asserted.
+
+mod support;
+
+use std::process::Command;
+
+use support::{read_all, Server, TempDir};
+
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_picomq"))
+        .arg("bench")
+        .args(args)
+        .args(["--output", "json", "--quiet"])
+        .output()
+        .expect("run picomq bench");
+    assert!(
+        out.status.success(),
+        "picomq bench failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "report is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_append_run_reports_acked_records_and_costs() {
+    let dir = TempDir::new("bench-append");
+    let server = Server::start(dir.path(), &[]).await;
+    let pid = server.pid().to_string();
+    let url = format!("{}/v1/stream", server.url);
+    let report = bench(&[
+        &url,
+        "--duration",
+        "2s",
+        "--warmup",
+        "500ms",
+        "--streams",
+        "3",
+        "--in-flight",
+        "8",
+        "--record-bytes",
+        "100",
+        "--batch",
+        "4",
+        "--live",
+        "sse",
+        "--catch-up",
+        "10s",
+        "--server-pid",
+        &pid,
+        "--stream-prefix",
+        "t",
+        "--label",
+        "picomq",
+    ]);
+    assert_eq!(report["label"], "picomq");
+    let append = &report["append"];
+    let records = append["records"].as_u64().unwrap();
+    assert!(records > 0, "no records acknowledged: {report:#}");
+    assert_eq!(records % 4, 0, "records come in requests of 4");
+    assert_eq!(append["errors"], 0, "{report:#}");
+    let ack = &append["ack_latency_ms"];
+    assert!(ack["count"].as_u64().unwrap() > 0);
+    assert!(ack["p50"].as_f64().unwrap() <= ack["p99"].as_f64().unwrap());
+    assert!(ack["p99"].as_f64().unwrap() <= ack["max"].as_f64().unwrap());
+
+    let e2e = &report["end_to_end"];
+    assert_eq!(e2e["mode"], "sse");
+    assert!(e2e["latency_ms"]["count"].as_u64().unwrap() > 0, "{report:#}");
+
+    // Catch-up read every record written, warm-up included, and nothing else.
+    let catch_up = &report["catch_up"];
+    assert_eq!(catch_up["complete"], true, "{report:#}");
+    let mut on_server = 0;
+    for i in 0..3 {
+        let body = read_all(&server.client, &format!("/v1/stream/t-{i}")).await;
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON stream");
+        on_server += v.as_array().unwrap().len() as u64;
+    }
+    assert_eq!(catch_up["records"].as_u64().unwrap(), on_server);
+    assert!(on_server >= records);
+
+    let s = &report["server"];
+    assert_eq!(s["has_metrics"], true);
+    assert!(s["store_puts"].as_f64().unwrap() >= 1.0, "{report:#}");
+    assert!(s["store_puts_per_1000_records"].as_f64().unwrap() > 0.0);
+    assert!(s["cpu_s"].as_f64().is_some());
+    assert!(s["vm_hwm_mb"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_create_workload_creates_every_stream_and_probes_some() {
+    let dir = TempDir::new("bench-create");
+    let server = Server::start(dir.path(), &[]).await;
+    let url = format!("{}/v1/stream", server.url);
+    let report = bench(&[
+        &url,
+        "--workload",
+        "create",
+        "--streams",
+        "200",
+        "--in-flight",
+        "16",
+        "--record-bytes",
+        "64",
+        "--sample",
+        "20",
+        "--stream-prefix",
+        "many",
+    ]);
+    let create = &report["create"];
+    assert_eq!(create["streams"], 200, "{report:#}");
+    assert_eq!(create["errors"], 0, "{report:#}");
+    assert_eq!(create["probe_append_ms"]["count"], 10);
+    assert_eq!(create["probe_read_ms"]["count"], 10);
+    let body = read_all(&server.client, "/v1/stream/many-199").await;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(!v.as_array().unwrap().is_empty());
+}
+
+#[test]
+fn compare_prints_a_ratio_for_each_figure() {
+    let dir = TempDir::new("bench-compare");
+    let a = dir.path().join("a.json");
+    let b = dir.path().join("b.json");
+    let report = |label: &str, rate: f64| {
+        serde_json::json!({"label": label, "append": {"records_per_s": rate,
+            "ack_latency_ms": {"count": 1, "p50": 2.0, "p99": 3.0}}})
+        .to_string()
+    };
+    std::fs::write(&a, report("picomq", 3000.0)).unwrap();
+    std::fs::write(&b, report("peer", 1000.0)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_picomq"))
+        .args(["bench", "compare"])
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("picomq / peer"), "{table}");
+    assert!(table.contains("3.00x"), "{table}");
+    assert!(table.contains("1.00x"), "{table}");
+}
