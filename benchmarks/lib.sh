@@ -1,0 +1,107 @@
+# Shared by the benchmark scripts (source it): build PicoMQ, start and stop servers
+# on loopback, install the Durable Streams reference server from npm at run time,
+# and run `picomq bench`. Nothing here talks to anything but 127.0.0.1.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$BENCH_DIR/.." && pwd)
+RESULTS=${RESULTS:-$BENCH_DIR/results}
+WORK=${BENCH_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/picomq-bench.XXXXXX")}
+PEER_DIR=${PEER_DIR:-$HOME/.cache/picomq-bench/peer}
+PEER_VERSION=0.3.7
+# Set PICOMQ_BIN to bench a binary you built elsewhere; otherwise we build one.
+PICOMQ=${PICOMQ_BIN:-}
+mkdir -p "$RESULTS" "$WORK"
+PIDS=()
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]:-}"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  done
+  [ -z "${BENCH_WORK:-}" ] && rm -rf "$WORK"
+  return 0
+}
+trap cleanup EXIT
+
+log() { echo "== $*" >&2; }
+
+build_picomq() {
+  if [ -z "$PICOMQ" ]; then
+    log "building picomq (release)"
+    (cd "$REPO" && cargo build --release -p picomq >&2)
+    # A private copy: a rebuild during the run must not swap the binary under us.
+    cp "$REPO/target/release/picomq" "$WORK/picomq"
+    PICOMQ="$WORK/picomq"
+  fi
+}
+
+install_peer() {
+  if [ "$(node -e 'try{console.log(require(process.argv[1]).version)}catch{}' "$PEER_DIR/node_modules/@durable-streams/server/package.json" 2>/dev/null)" != "$PEER_VERSION" ]; then
+    log "installing @durable-streams/server@$PEER_VERSION into $PEER_DIR"
+    mkdir -p "$PEER_DIR"
+    echo '{"name":"picomq-bench-peer","private":true,"type":"module"}' > "$PEER_DIR/package.json"
+    (cd "$PEER_DIR" && npm install --no-audit --no-fund --loglevel=error "@durable-streams/server@$PEER_VERSION" >&2)
+  fi
+  cp "$BENCH_DIR/peer-server.mjs" "$PEER_DIR/peer-server.mjs"
+}
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
+
+wait_http() { # URL [seconds]
+  local url=$1 limit=${2:-30} i
+  for ((i = 0; i < limit * 20; i++)); do
+    curl -s -o /dev/null "$url" && return 0
+    sleep 0.05
+  done
+  echo "no answer from $url within ${limit}s" >&2
+  return 1
+}
+
+# start_picomq PORT [serve flags...]: sets SERVER_PID; data in $WORK/picomq-PORT.
+start_picomq() {
+  local port=$1
+  shift
+  local dir="$WORK/picomq-$port"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$PICOMQ" serve --listen "127.0.0.1:$port" --data-dir "$dir" "$@" >"$dir.log" 2>&1 &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  wait_http "http://127.0.0.1:$port/readyz"
+  log "picomq $* on :$port (pid $SERVER_PID)"
+}
+
+# start_peer PORT: sets SERVER_PID; file-backed store in $WORK/peer-PORT.
+start_peer() {
+  local port=$1
+  local dir="$WORK/peer-$port"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  PORT=$port DATA_DIR="$dir" node "$PEER_DIR/peer-server.mjs" >"$dir.log" 2>&1 &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  wait_http "http://127.0.0.1:$port/"
+  log "@durable-streams/server@$PEER_VERSION (file store) on :$port (pid $SERVER_PID)"
+}
+
+stop_server() {
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+}
+
+# bench OUT.json PORT LABEL [bench flags...]: one run against the server on PORT.
+bench() {
+  local out=$1 port=$2 label=$3
+  shift 3
+  "$PICOMQ" bench "http://127.0.0.1:$port/v1/stream" --label "$label" \
+    --server-pid "$SERVER_PID" --output json "$@" >"$out"
+}
+
+machine_note() {
+  echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "machine: $(nproc) cpus, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+  echo "cpu:     $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
+  echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at start)"
+  echo "picomq:  $(git -C "$REPO" rev-parse --short HEAD) $(git -C "$REPO" diff --quiet || echo '(with uncommitted changes)')"
+}
