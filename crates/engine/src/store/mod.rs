@@ -12,7 +12,9 @@ use std::time::Duration;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+
+pub use object_store::ObjectStore;
 
 use crate::error::{EngineError, Result};
 

@@ -26,7 +26,9 @@ use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::indexer::{self, IndexerProgress};
 use crate::meta::{Meta, StreamRow};
+use crate::metrics::Exposition;
 use crate::offset::Offset;
+use crate::store::instrumented::{InstrumentedStore, StoreStats};
 use crate::wal::format::{
     self, AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START,
 };
@@ -146,6 +148,24 @@ pub struct EngineStats {
     pub index_failures: u64,
 }
 
+/// Counters of the stream service (the WAL and the stores keep their own).
+#[derive(Default)]
+pub struct ServiceCounters {
+    /// Appends acknowledged (durable), duplicates excluded.
+    pub appends: AtomicU64,
+    /// Records (messages) in those appends.
+    pub append_records: AtomicU64,
+    pub append_bytes: AtomicU64,
+    /// Reads served from the in-memory tail cache, and their bytes.
+    pub reads_memory: AtomicU64,
+    pub read_bytes_memory: AtomicU64,
+    /// Reads parked on a stream's notifier right now (long-polls, SSE).
+    pub waiting_reads: AtomicU64,
+    /// Reads (index rows fetched) served by ranged GETs from the object store.
+    pub reads_store: AtomicU64,
+    pub read_bytes_store: AtomicU64,
+}
+
 struct Inner {
     config: EngineConfig,
     store: Arc<dyn ObjectStore>,
@@ -158,6 +178,8 @@ struct Inner {
     indexer: IndexerProgress,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     epoch: u64,
+    store_stats: Vec<Arc<StoreStats>>,
+    counters: ServiceCounters,
 }
 
 /// The storage engine and stream service of one node.
@@ -191,13 +213,36 @@ impl StreamRef {
 
 impl Engine {
     /// Opens the engine: recovers the metadata from the bucket, then starts the WAL
-    /// writer, the indexer and the dormancy sweeper.
+    /// writer, the indexer and the dormancy sweeper. The store is instrumented here
+    /// (labelled `data`); use [`Engine::open_instrumented`] for stores already
+    /// instrumented per backend.
     pub async fn open(
         config: EngineConfig,
         store: Arc<dyn ObjectStore>,
         meta: Meta,
     ) -> Result<Engine> {
+        let stats = StoreStats::new("data", config.cost);
+        let store = Arc::new(InstrumentedStore::new(store, stats.clone()));
+        Engine::open_instrumented(config, store, vec![stats], meta).await
+    }
+
+    /// Like [`Engine::open`], for a store whose backends report to `store_stats`
+    /// (see `store::instrumented`; the one labelled `wal`, else the first, holds the
+    /// WAL and gets the storage estimate).
+    pub async fn open_instrumented(
+        config: EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        store_stats: Vec<Arc<StoreStats>>,
+        meta: Meta,
+    ) -> Result<Engine> {
         let recovered = crate::recovery::recover(&*store, &meta).await?;
+        if let Some(wal_stats) = store_stats
+            .iter()
+            .find(|s| s.label() == "wal")
+            .or(store_stats.first())
+        {
+            wal_stats.add_stored_bytes(recovered.listed_bytes);
+        }
         tracing::info!(
             epoch = recovered.epoch,
             replayed = recovered.objects_replayed,
@@ -224,10 +269,22 @@ impl Engine {
             indexer,
             tasks: Mutex::new(vec![index_task]),
             epoch: recovered.epoch,
+            store_stats,
+            counters: ServiceCounters::default(),
         });
         let engine = Engine { inner };
         let sweeper = tokio::spawn(engine.clone().sweep_loop());
         engine.inner.tasks.lock().expect("tasks lock").push(sweeper);
+        if let Some(interval) = engine.inner.config.fence_check_interval {
+            let store = engine.inner.store.clone();
+            let wal = engine.inner.wal.clone();
+            let epoch = engine.inner.epoch;
+            let watcher = tokio::spawn(async move {
+                crate::fencing::watch(store, epoch, interval).await;
+                wal.fence();
+            });
+            engine.inner.tasks.lock().expect("tasks lock").push(watcher);
+        }
         Ok(engine)
     }
 
@@ -427,14 +484,13 @@ impl Engine {
                 if view.op >= op_no {
                     return Ok(view);
                 }
-                self.inner
-                    .wal
-                    .check_health()
-                    .or_else(|e| match *health.borrow() {
-                        // A store outage delays but does not cancel accepted ops.
-                        crate::wal::WalHealth::StoreDown(_) => Ok(()),
-                        _ => Err(e),
-                    })?;
+                // Store down or fenced: answer now rather than at the timeout. The
+                // op stays queued (store down) and may still become durable.
+                self.inner.wal.check_health().map_err(|e| {
+                    EngineError::Unavailable(format!(
+                        "{e}; this write's outcome is unknown, retry with idempotent producer headers"
+                    ))
+                })?;
                 tokio::select! {
                     r = rx.changed() => r.map_err(|_| EngineError::Internal("stream dropped".into()))?,
                     r = health.changed() => r.map_err(|_| EngineError::Unavailable("WAL stopped".into()))?,
@@ -887,6 +943,7 @@ impl Engine {
             } else {
                 Ok(vec![req.body.clone()])
             };
+            let records = parsed.as_ref().map_or(0, Vec::len) as u64;
             let (wait_op, outcome) = {
                 let mut st = handle.lock();
                 if st.evicted {
@@ -897,6 +954,13 @@ impl Engine {
                 }
             };
             self.wait_durable(&handle, wait_op).await?;
+            if let AppendOutcome::Appended { .. } = outcome {
+                let c = &self.inner.counters;
+                c.appends.fetch_add(1, Ordering::Relaxed);
+                c.append_records.fetch_add(records, Ordering::Relaxed);
+                c.append_bytes
+                    .fetch_add(req.body.len() as u64, Ordering::Relaxed);
+            }
             return Ok(outcome);
         }
         Err(EngineError::Unavailable(
@@ -1153,6 +1217,9 @@ impl Engine {
         while out.next < until && (*budget > 0 || out.segments.is_empty()) {
             if let Some(cached) = handle.read_cached(out.next, until, *budget, split) {
                 let n: usize = cached.segments.iter().map(|s| s.len()).sum();
+                let c = &self.inner.counters;
+                c.reads_memory.fetch_add(1, Ordering::Relaxed);
+                c.read_bytes_memory.fetch_add(n as u64, Ordering::Relaxed);
                 *budget = budget.saturating_sub(n);
                 out.segments.extend(cached.segments);
                 out.flags.extend(cached.flags);
@@ -1199,6 +1266,10 @@ impl Engine {
                         row.object_key
                     ))
                 })?;
+            let c = &self.inner.counters;
+            c.reads_store.fetch_add(1, Ordering::Relaxed);
+            c.read_bytes_store
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             let (_, ops) = format::decode_chunk(&bytes)
                 .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
             for op in ops {
@@ -1242,6 +1313,7 @@ impl Engine {
         timeout: Duration,
     ) -> Result<WaitOutcome> {
         let mut rx = stream.handle.subscribe();
+        let _parked = Parked::new(&self.inner.counters.waiting_reads);
         let wait = async {
             loop {
                 let view = *rx.borrow_and_update();
@@ -1298,6 +1370,22 @@ impl Engine {
     }
 }
 
+/// Counts a parked reader for as long as it lives.
+struct Parked<'a>(&'a AtomicU64);
+
+impl<'a> Parked<'a> {
+    fn new(gauge: &'a AtomicU64) -> Parked<'a> {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Parked(gauge)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 enum Sequenced {
     /// Answer once sequencer op `.0` is durable.
     Wait(u64, AppendOutcome),
@@ -1328,5 +1416,155 @@ impl Engine {
     /// `Ok` while this node accepts writes.
     pub fn health(&self) -> Result<()> {
         self.inner.wal.check_health()
+    }
+
+    /// Per-store request counters (one entry per `store` label).
+    pub fn store_stats(&self) -> &[Arc<StoreStats>] {
+        &self.inner.store_stats
+    }
+
+    pub fn counters(&self) -> &ServiceCounters {
+        &self.inner.counters
+    }
+
+    /// Writes the engine's metrics (object stores, WAL, streams, appends, reads).
+    pub async fn write_metrics(&self, out: &mut Exposition) {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        crate::store::instrumented::write_metrics(out, &self.inner.store_stats);
+        let wal = self.inner.wal.stats();
+        out.single(
+            "picomq_wal_objects_written_total",
+            "counter",
+            "WAL objects written to the object store (one PUT each, plus retries).",
+            get(&wal.objects_written),
+        )
+        .single(
+            "picomq_wal_bytes_written_total",
+            "counter",
+            "Bytes of WAL objects written.",
+            get(&wal.bytes_written),
+        )
+        .single(
+            "picomq_wal_ops_written_total",
+            "counter",
+            "Stream ops (appends, creates, closes, deletes) made durable.",
+            get(&wal.ops_written),
+        )
+        .single(
+            "picomq_wal_records_written_total",
+            "counter",
+            "Records (messages) made durable.",
+            get(&wal.records_written),
+        )
+        .single(
+            "picomq_wal_upload_retries_total",
+            "counter",
+            "Failed WAL upload attempts that were retried.",
+            get(&wal.upload_retries),
+        )
+        .single(
+            "picomq_wal_queued_bytes",
+            "gauge",
+            "Bytes accepted and waiting for a WAL upload to start.",
+            get(&wal.queued_bytes),
+        );
+        out.family(
+            "picomq_wal_flush_bytes",
+            "histogram",
+            "Size of each WAL object written, in bytes.",
+        )
+        .histogram("picomq_wal_flush_bytes", &[], &wal.flush_bytes);
+        out.family(
+            "picomq_wal_flush_ops",
+            "histogram",
+            "Stream ops packed into each WAL object (group commit).",
+        )
+        .histogram("picomq_wal_flush_ops", &[], &wal.flush_ops);
+        let health = self.inner.wal.health();
+        let state = match &*health.borrow() {
+            crate::wal::WalHealth::Ok => "ok",
+            crate::wal::WalHealth::StoreDown(_) => "store_down",
+            crate::wal::WalHealth::Fenced => "fenced",
+            crate::wal::WalHealth::Stopped => "stopped",
+        };
+        out.family(
+            "picomq_wal_state",
+            "gauge",
+            "1 for the WAL's current state: ok, store_down (appends fail fast), fenced (another process took over the bucket), stopped.",
+        );
+        for s in ["ok", "store_down", "fenced", "stopped"] {
+            out.sample(
+                "picomq_wal_state",
+                &[("state", s)],
+                if s == state { 1.0 } else { 0.0 },
+            );
+        }
+        out.single(
+            "picomq_index_failures_total",
+            "counter",
+            "Failed metadata index transactions (retried).",
+            self.inner.indexer.failures.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_appends_total",
+            "counter",
+            "Appends acknowledged as durable (idempotent duplicates excluded).",
+            get(&c.appends),
+        )
+        .single(
+            "picomq_append_records_total",
+            "counter",
+            "Records (messages; a JSON array counts each element) in acknowledged appends.",
+            get(&c.append_records),
+        )
+        .single(
+            "picomq_append_bytes_total",
+            "counter",
+            "Request body bytes of acknowledged appends.",
+            get(&c.append_bytes),
+        );
+        out.family(
+            "picomq_reads_total",
+            "counter",
+            "Read steps by tier: memory (tail cache) or store (ranged GET of an indexed chunk).",
+        )
+        .sample("picomq_reads_total", &[("tier", "memory")], get(&c.reads_memory))
+        .sample("picomq_reads_total", &[("tier", "store")], get(&c.reads_store));
+        out.family(
+            "picomq_read_bytes_total",
+            "counter",
+            "Bytes read by tier (store: whole chunks fetched).",
+        )
+        .sample(
+            "picomq_read_bytes_total",
+            &[("tier", "memory")],
+            get(&c.read_bytes_memory),
+        )
+        .sample(
+            "picomq_read_bytes_total",
+            &[("tier", "store")],
+            get(&c.read_bytes_store),
+        );
+        out.single(
+            "picomq_waiting_reads",
+            "gauge",
+            "Live readers parked waiting for new data (long-polls and SSE connections between events).",
+            get(&c.waiting_reads),
+        );
+        out.single(
+            "picomq_active_streams",
+            "gauge",
+            "Streams currently held in memory.",
+            self.inner.registry.len() as f64,
+        );
+        if let Ok(n) = self.inner.meta.stream_count().await {
+            out.single(
+                "picomq_streams",
+                "gauge",
+                "Streams that exist (not deleted), active or dormant.",
+                n as f64,
+            );
+        }
     }
 }
