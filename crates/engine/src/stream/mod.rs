@@ -180,6 +180,8 @@ struct Inner {
     epoch: u64,
     store_stats: Vec<Arc<StoreStats>>,
     counters: ServiceCounters,
+    /// When an at-capacity request last swept for early evictions (ms since epoch).
+    pressure_sweep_ms: AtomicU64,
 }
 
 /// The storage engine and stream service of one node.
@@ -271,6 +273,7 @@ impl Engine {
             epoch: recovered.epoch,
             store_stats,
             counters: ServiceCounters::default(),
+            pressure_sweep_ms: AtomicU64::new(0),
         });
         let engine = Engine { inner };
         let sweeper = tokio::spawn(engine.clone().sweep_loop());
@@ -370,12 +373,50 @@ impl Engine {
 
     fn check_capacity(&self) -> Result<()> {
         if self.inner.registry.len() >= self.inner.config.active_streams_max {
+            self.make_room();
+        }
+        if self.inner.registry.len() >= self.inner.config.active_streams_max {
             return Err(EngineError::Overloaded(format!(
                 "too many active streams (limit {}); retry shortly",
                 self.inner.config.active_streams_max
             )));
         }
         Ok(())
+    }
+
+    /// At the active-stream limit, settled streams idle for `PRESSURE_IDLE` give way
+    /// before their dormancy timeout, so that many streams touched once (e.g. a
+    /// million created with one append each) do not lock new ones out for a whole
+    /// dormancy period. One O(active) sweep per `PRESSURE_SWEEP_EVERY` at most.
+    fn make_room(&self) {
+        const PRESSURE_IDLE: Duration = Duration::from_secs(1);
+        const PRESSURE_SWEEP_EVERY: Duration = Duration::from_millis(100);
+        let now = now_ms();
+        let last = self.inner.pressure_sweep_ms.load(Ordering::Relaxed);
+        if now < last + PRESSURE_SWEEP_EVERY.as_millis() as u64
+            || self
+                .inner
+                .pressure_sweep_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let idle = PRESSURE_IDLE.min(self.inner.config.dormancy);
+        let evicted = self
+            .inner
+            .registry
+            .sweep(now.saturating_sub(idle.as_millis() as u64));
+        if !evicted.is_empty() {
+            // Last-access times go to the metadata store off the request path, as
+            // the dormancy sweeper does.
+            let engine = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = engine.inner.meta.touch(&evicted).await {
+                    tracing::warn!(error = %e, "recording last access of evicted streams failed");
+                }
+            });
+        }
     }
 
     async fn load(&self, row: Option<StreamRow>) -> Result<Option<Arc<StreamHandle>>> {
