@@ -219,6 +219,8 @@ fn num(v: f64) -> String {
         group_thousands(v.round() as i64)
     } else if a >= 100.0 {
         format!("{v:.0}")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
     } else if a >= 0.01 || a == 0.0 {
@@ -457,18 +459,19 @@ fn render_table(header: &[String], rows: &[Vec<String>]) -> String {
         let _ = writeln!(o, "| {} |", parts.join(" | "));
     };
     line(&mut o, header);
+    // Markdown: the first column left-aligned, figures right-aligned.
     let sep: Vec<String> = widths
         .iter()
         .enumerate()
         .map(|(i, w)| {
             if i == 0 {
-                "-".repeat(*w)
+                "-".repeat(w + 2)
             } else {
-                format!("{}:", "-".repeat(w.saturating_sub(1)))
+                format!("{}:", "-".repeat(w + 1))
             }
         })
         .collect();
-    let _ = writeln!(o, "|-{}-|", sep.join("-|-"));
+    let _ = writeln!(o, "|{}|", sep.join("|"));
     for r in rows {
         line(&mut o, r);
     }
@@ -558,6 +561,8 @@ mod tests {
             ("peer".into(), report(20_000.0, 40.0)),
         ]);
         assert!(t.contains("| append records/s "), "{t}");
+        assert!(t.lines().nth(1).unwrap().starts_with("|---"), "{t}");
+        assert!(t.lines().nth(1).unwrap().ends_with(":|"), "{t}");
         assert!(t.contains("60,000"), "{t}");
         assert!(t.contains("3.00x"), "{t}");
         assert!(t.contains("0.25x"), "{t}");
