@@ -217,9 +217,7 @@ fn num(v: f64) -> String {
     let a = v.abs();
     if a >= 1000.0 {
         group_thousands(v.round() as i64)
-    } else if a >= 100.0 {
-        format!("{v:.0}")
-    } else if v.fract() == 0.0 {
+    } else if a >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
