@@ -103,5 +103,9 @@ machine_note() {
   echo "machine: $(nproc) cpus, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
   echo "cpu:     $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
   echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at start)"
-  echo "picomq:  $(git -C "$REPO" rev-parse --short HEAD) $(git -C "$REPO" diff --quiet || echo '(with uncommitted changes)')"
+  if [ -n "${PICOMQ_BIN:-}" ]; then
+    echo "picomq:  $PICOMQ_BIN (${PICOMQ_BUILD:-build not described})"
+  else
+    echo "picomq:  built from $(git -C "$REPO" rev-parse --short HEAD) $(git -C "$REPO" diff --quiet || echo '(with uncommitted changes)')"
+  fi
 }

@@ -18,13 +18,13 @@ declare -A FLAGS=(
   [lone]="--record-bytes 100 --streams 1 --in-flight 1 --rate 5 --duration 10s --warmup 1s"
   [many]="--record-bytes 1024 --batch 1 --streams 64 --in-flight 512 --duration 10s --warmup 2s --catch-up 30s"
   [batched]="--record-bytes 100 --batch 10 --streams 4 --in-flight 64 --duration 10s --warmup 2s"
-  [live]="--record-bytes 256 --streams 16 --in-flight 64 --rate 5000 --live sse --duration 10s --warmup 2s"
+  [live]="--record-bytes 256 --streams 16 --in-flight 64 --rate 100 --live sse --duration 10s --warmup 2s"
 )
 declare -A WHAT=(
   [lone]="a lone append on an idle server (5 appends/s, one at a time, 100 B)"
   [many]="1 KiB records, 1 per request, 64 streams, 512 requests in flight; then catch-up reads"
   [batched]="100 B records, 10 per request (JSON array), 4 streams, 64 requests in flight"
-  [live]="live delivery: 5,000 records/s (256 B) over 16 streams, one SSE reader per stream"
+  [live]="live delivery: 100 records/s (256 B) over 16 streams, one SSE reader per stream"
 )
 SCENARIOS=${SCENARIOS:-"lone many batched live"}
 
