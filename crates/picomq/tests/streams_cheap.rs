@@ -19,7 +19,8 @@ async fn idle_streams_go_dormant_and_come_back() {
     let producer = [("content-type", "text/plain"), ("producer-id", "p"), ("producer-epoch", "3"), ("producer-seq", "0")];
     assert_eq!(c.post("/cheap/0", &producer, "second;").await.unwrap().status.as_u16(), 200);
     assert_eq!(c.post("/cheap/1", &[("stream-closed", "true")], "").await.unwrap().status.as_u16(), 204);
-    assert!(metric(c, "picomq_active_streams").await >= 200.0);
+    // Streams just written are in memory (older ones may already be dormant).
+    assert!(metric(c, "picomq_active_streams").await >= 1.0);
 
     eventually(Duration::from_secs(10), || async {
         (metric(c, "picomq_active_streams").await == 0.0).then_some(())
