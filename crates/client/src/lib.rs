@@ -9,12 +9,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::HeaderMap;
-use hyper::{Method, Request, StatusCode};
+use hyper::{Method, Request};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
 
 pub use hyper::Method as HttpMethod;
+pub use hyper::StatusCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -215,9 +216,14 @@ impl Client {
 }
 
 /// Incremental parser for `text/event-stream`: feed bytes, take complete events.
+/// Bytes are kept until an event is complete, so a chunk boundary inside a
+/// multi-byte character does not mangle it.
 #[derive(Default)]
 pub struct SseParser {
-    buf: String,
+    buf: Vec<u8>,
+    /// Where the search for the end of the next event resumes: a large event that
+    /// arrives in many chunks is scanned once, not once per chunk.
+    scanned: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,10 +234,21 @@ pub struct SseEvent {
 
 impl SseParser {
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
-        self.buf.push_str(&String::from_utf8_lossy(chunk));
+        self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some(end) = self.buf.find("\n\n") {
-            let block: String = self.buf.drain(..end + 2).collect();
+        loop {
+            let from = self.scanned.saturating_sub(1);
+            let Some(end) = self.buf[from..]
+                .windows(2)
+                .position(|w| w == b"\n\n")
+                .map(|i| from + i)
+            else {
+                self.scanned = self.buf.len();
+                break;
+            };
+            self.scanned = 0;
+            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+            let block = String::from_utf8_lossy(&block);
             let mut event = SseEvent {
                 event: "message".into(),
                 data: String::new(),
@@ -251,5 +268,24 @@ impl SseParser {
             events.push(event);
         }
         events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_survive_any_chunking() {
+        let stream = "event: data\ndata:caf\u{e9} \u{1f600}\ndata:b\n\nevent: control\ndata:{}\n\n";
+        for split in 0..stream.len() {
+            let (a, b) = stream.as_bytes().split_at(split);
+            let mut p = SseParser::default();
+            let mut events = p.feed(a);
+            events.extend(p.feed(b));
+            assert_eq!(events.len(), 2, "split at {split}");
+            assert_eq!(events[0].data, "caf\u{e9} \u{1f600}\nb", "split at {split}");
+            assert_eq!(events[1].event, "control");
+        }
     }
 }
