@@ -11,13 +11,14 @@ OUT="$RESULTS/scale.txt"
 JSON="$RESULTS/json/scale"
 mkdir -p "$JSON"
 STREAMS=${STREAMS:-1000000}
+NOTE=$(machine_note)
 port=$(free_port)
 start_picomq "$port" "$@"
 bench "$JSON/scale.json" "$port" "picomq $STREAMS streams" --workload create \
   --streams "$STREAMS" --in-flight 64 --record-bytes 64 --idle-wait 75s --sample 1000
 {
   echo "# Scale: $STREAMS streams, one 64 B append each"
-  machine_note
+  echo "$NOTE"
   echo "server: picomq serve $* (defaults otherwise: dormancy 60s); bench: --workload create --in-flight 64 --idle-wait 75s --sample 1000"
   echo "data on disk after: $(du -sh "$WORK/picomq-$port" | cut -f1)"
   echo

@@ -67,6 +67,9 @@ run_set() { # TAG [serve flags...]
   echo "# PicoMQ targets"
   machine_note
   echo
+  # The yardstick of the lone-append target, on the disk the servers use.
+  python3 "$BENCH_DIR/store-write.py" "$WORK/store-write" 100
+  echo
 } | tee "$OUT"
 run_set default
 run_set s3-like --store-latency 20ms

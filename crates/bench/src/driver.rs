@@ -48,7 +48,7 @@ impl Window {
             self.to_us.load(Ordering::Relaxed),
         )
     }
-    fn set(&self, from_us: u64, to_us: u64) {
+    pub fn set(&self, from_us: u64, to_us: u64) {
         self.to_us.store(to_us, Ordering::Relaxed);
         self.from_us.store(from_us, Ordering::Relaxed);
     }

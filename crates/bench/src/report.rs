@@ -398,6 +398,14 @@ const FIGURES: &[(&str, &str)] = &[
     ("create p99 ms", "/create/create_latency_ms/p99"),
     ("RSS after create MiB", "/create/rss_mb_after_create"),
     ("RSS after idle MiB", "/create/rss_mb_after_idle"),
+    (
+        "active streams after create",
+        "/create/active_streams_after_create",
+    ),
+    (
+        "active streams after idle",
+        "/create/active_streams_after_idle",
+    ),
     ("probe append p50 ms", "/create/probe_append_ms/p50"),
     ("probe append p99 ms", "/create/probe_append_ms/p99"),
     ("probe read p50 ms", "/create/probe_read_ms/p50"),

@@ -35,12 +35,16 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
     let stats = Arc::new(Stats::default());
     let window = Arc::new(Window::default());
     let started = now_us();
+    // Every create counts: the progress line shows "measure" from the start.
+    window.set(started, u64::MAX);
     let progress = Progress::start(&w, stats.clone(), window.clone(), started);
     let conns: Arc<Vec<Mutex<Conn>>> = Arc::new(
         (0..w.in_flight)
             .map(|_| Mutex::new(target.conn()))
             .collect(),
     );
+    let server_before = w.server_pid.and_then(proc::sample);
+    let client_before = proc::sample_self();
     {
         let (stats, conns, ct, w2) = (stats.clone(), conns.clone(), ct.clone(), w.clone());
         let template = template.clone();
@@ -64,6 +68,17 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
     }
     let secs = (now_us() - started) as f64 / 1e6;
     let created = stats.acked_records.load(Ordering::Relaxed);
+    if let (Some(b), Some(a)) = (server_before, w.server_pid.and_then(proc::sample)) {
+        report.server.cpu_s = Some(a.cpu_secs - b.cpu_secs);
+        if created > 0 {
+            report.server.cpu_s_per_million_records =
+                Some((a.cpu_secs - b.cpu_secs) * 1e6 / created as f64);
+        }
+    }
+    if let (Some(b), Some(a)) = (client_before, proc::sample_self()) {
+        report.client.cpu_s = Some(a.cpu_secs - b.cpu_secs);
+        report.client.cpu_cores_busy = Some((a.cpu_secs - b.cpu_secs) / secs.max(1e-9));
+    }
     let mut c = CreateReport {
         streams: created,
         secs,
