@@ -438,6 +438,16 @@ fn figure(report: &Value, pointer: &str) -> Option<f64> {
     Some(f)
 }
 
+/// Two significant digits at least, so that 0.003x does not print as 0.00x.
+fn ratio(r: f64) -> String {
+    if r.abs() >= 0.1 || r == 0.0 {
+        format!("{r:.2}x")
+    } else {
+        let decimals = (-r.abs().log10()).ceil() as usize + 1;
+        format!("{r:.decimals$}x")
+    }
+}
+
 fn cell(v: Option<f64>) -> String {
     v.map(num).unwrap_or_else(|| "-".into())
 }
@@ -501,7 +511,7 @@ pub fn compare_table(reports: &[(String, Value)]) -> String {
         row.extend(values.iter().map(|v| cell(*v)));
         if reports.len() >= 2 {
             row.push(match (values[0], values[1]) {
-                (Some(a), Some(b)) if b != 0.0 => format!("{:.2}x", a / b),
+                (Some(a), Some(b)) if b != 0.0 => ratio(a / b),
                 _ => "-".into(),
             });
         }
@@ -572,6 +582,7 @@ mod tests {
         assert!(t.contains("60,000"), "{t}");
         assert!(t.contains("3.00x"), "{t}");
         assert!(t.contains("0.25x"), "{t}");
+        assert_eq!(ratio(0.00318), "0.0032x");
         assert!(!t.contains("e2e"), "figures nobody has are left out:\n{t}");
     }
 
