@@ -137,8 +137,14 @@ mod tests {
             .histogram("x", &[("op", "put")], &h);
         let text = e.finish();
         assert!(text.contains("x_bucket{op=\"put\",le=\"1\"} 2\n"), "{text}");
-        assert!(text.contains("x_bucket{op=\"put\",le=\"10\"} 3\n"), "{text}");
-        assert!(text.contains("x_bucket{op=\"put\",le=\"+Inf\"} 4\n"), "{text}");
+        assert!(
+            text.contains("x_bucket{op=\"put\",le=\"10\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_bucket{op=\"put\",le=\"+Inf\"} 4\n"),
+            "{text}"
+        );
         assert!(text.contains("x_sum{op=\"put\"} 56.5\n"), "{text}");
         assert!(text.contains("x_count{op=\"put\"} 4\n"), "{text}");
     }

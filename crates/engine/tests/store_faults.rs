@@ -68,7 +68,10 @@ async fn transient_write_failures_lose_and_duplicate_nothing() {
         "{} acked, {failed} failed; {injected} injected PUT failures, {retries} upload retries",
         WRITERS * PER_WRITER - failed
     );
-    assert!(injected > 0, "no faults were injected: the test proves nothing");
+    assert!(
+        injected > 0,
+        "no faults were injected: the test proves nothing"
+    );
     assert!(retries > 0);
     // Retries absorb 10% transient failures: nothing should have failed.
     assert_eq!(failed, 0, "transient failures leaked to appends");
@@ -80,7 +83,11 @@ async fn transient_write_failures_lose_and_duplicate_nothing() {
 }
 
 /// Each stream holds exactly its acknowledged lines, each once, in writer order.
-async fn verify(engine: &picomq_engine::Engine, acked: &HashMap<usize, Vec<String>>, streams: usize) {
+async fn verify(
+    engine: &picomq_engine::Engine,
+    acked: &HashMap<usize, Vec<String>>,
+    streams: usize,
+) {
     for s in 0..streams {
         let data = read_all(engine, &format!("t/{s}"), 64 << 10).await.unwrap();
         let text = String::from_utf8(data).unwrap();
@@ -97,7 +104,10 @@ async fn verify(engine: &picomq_engine::Engine, acked: &HashMap<usize, Vec<Strin
         }
         lines.sort_unstable();
         expected.sort_unstable();
-        assert_eq!(lines, expected, "stream {s} differs from what was acknowledged");
+        assert_eq!(
+            lines, expected,
+            "stream {s} differs from what was acknowledged"
+        );
     }
 }
 
@@ -115,7 +125,10 @@ async fn store_outage_fails_appends_fast_then_recovers() {
     // The append caught by the outage fails once the store is declared down, long
     // before its 20 s timeout.
     let started = Instant::now();
-    let err = engine.append(append_req("o", "during-1\n")).await.unwrap_err();
+    let err = engine
+        .append(append_req("o", "during-1\n"))
+        .await
+        .unwrap_err();
     let first_fail = started.elapsed();
     assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
     assert!(first_fail < Duration::from_secs(3), "took {first_fail:?}");
@@ -126,10 +139,16 @@ async fn store_outage_fails_appends_fast_then_recovers() {
             .append(append_req("o", format!("during-fast-{i}\n")))
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("object store unavailable"), "{err}");
+        assert!(
+            err.to_string().contains("object store unavailable"),
+            "{err}"
+        );
     }
     let fast = started.elapsed() / 20;
-    assert!(fast < Duration::from_millis(50), "{fast:?} per failing append");
+    assert!(
+        fast < Duration::from_millis(50),
+        "{fast:?} per failing append"
+    );
     assert!(engine.health().is_err());
 
     faults.set_down(false);

@@ -16,7 +16,9 @@ async fn a_newer_engine_fences_the_older_one() {
     let old = open_engine(fast_config(), store.clone()).await;
     create(&old, "f", "text/plain").await;
     for i in 0..10 {
-        old.append(append_req("f", format!("old-{i}\n"))).await.unwrap();
+        old.append(append_req("f", format!("old-{i}\n")))
+            .await
+            .unwrap();
     }
     let new = open_engine(fast_config(), store.clone()).await;
     assert!(new.epoch() > old.epoch());
@@ -28,12 +30,18 @@ async fn a_newer_engine_fences_the_older_one() {
     let err = old.append(append_req("f", "old-late\n")).await.unwrap_err();
     assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
     assert!(err.to_string().contains("fenced"), "{err}");
-    let err = old.append(append_req("f", "old-later\n")).await.unwrap_err();
+    let err = old
+        .append(append_req("f", "old-later\n"))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("fenced"), "{err}");
 
     new.append(append_req("f", "new-0\n")).await.unwrap();
     let text = String::from_utf8(read_all(&new, "f", 1 << 20).await.unwrap()).unwrap();
-    assert!(!text.contains("old-late") && !text.contains("old-later"), "{text}");
+    assert!(
+        !text.contains("old-late") && !text.contains("old-later"),
+        "{text}"
+    );
     assert!(text.ends_with("old-9\nnew-0\n"), "{text}");
 
     // A third engine replays both logs: still exactly the acknowledged records.
@@ -66,17 +74,18 @@ async fn engines_started_together_leave_exactly_one_writer() {
     create(&first, "race", "text/plain").await;
     first.shutdown().await;
     // Three engines recover concurrently on the same bucket.
-    let engines = futures::future::join_all(
-        (0..3).map(|_| open_engine(fast_config(), store.clone())),
-    )
-    .await;
+    let engines =
+        futures::future::join_all((0..3).map(|_| open_engine(fast_config(), store.clone()))).await;
     let mut epochs: Vec<u64> = engines.iter().map(|e| e.epoch()).collect();
     epochs.sort_unstable();
     epochs.dedup();
     assert_eq!(epochs.len(), 3, "two engines share an epoch");
     let mut accepted = Vec::new();
     for (i, e) in engines.iter().enumerate() {
-        if e.append(append_req("race", format!("from-{i}\n"))).await.is_ok() {
+        if e.append(append_req("race", format!("from-{i}\n")))
+            .await
+            .is_ok()
+        {
             accepted.push(e.epoch());
         }
     }

@@ -6,6 +6,7 @@ pub mod cursor;
 pub mod ds;
 pub mod error;
 pub mod headers;
+pub mod metrics;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -45,6 +46,12 @@ pub struct AppState {
 }
 
 pub fn router(engine: Engine, config: HttpConfig) -> Router {
+    routers(engine, config).0
+}
+
+/// The API router, and the admin router for `--admin-listen` (`/metrics`, `/healthz`
+/// and `/readyz` only), sharing one state.
+pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -52,16 +59,22 @@ pub fn router(engine: Engine, config: HttpConfig) -> Router {
         live_readers: AtomicU64::new(0),
         request_ids: AtomicU64::new(0),
     });
-    Router::new()
+    let admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics::metrics))
+        .with_state(state.clone());
+    let api = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::metrics))
         .fallback(ds::handle)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             common_headers,
         ))
-        .with_state(state)
+        .with_state(state);
+    (api, admin)
 }
 
 /// CORS, browser security headers and a request id on every response.
@@ -121,64 +134,5 @@ async fn readyz(State(app): State<Arc<AppState>>) -> Response<Body> {
     Response::builder()
         .status(status)
         .body(Body::from(body))
-        .expect("valid response")
-}
-
-async fn metrics(State(app): State<Arc<AppState>>) -> Response<Body> {
-    use std::fmt::Write;
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = app.engine.stats();
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    metric(
-        "picomq_wal_objects_written_total",
-        "counter",
-        "WAL objects written to the object store (PUTs).",
-        s.wal.objects_written.load(Relaxed),
-    );
-    metric(
-        "picomq_wal_bytes_written_total",
-        "counter",
-        "Bytes of WAL objects written.",
-        s.wal.bytes_written.load(Relaxed),
-    );
-    metric(
-        "picomq_wal_ops_written_total",
-        "counter",
-        "Stream ops (appends, creates, closes, deletes) made durable.",
-        s.wal.ops_written.load(Relaxed),
-    );
-    metric(
-        "picomq_wal_upload_retries_total",
-        "counter",
-        "Failed WAL uploads that were retried.",
-        s.wal.upload_retries.load(Relaxed),
-    );
-    metric(
-        "picomq_index_failures_total",
-        "counter",
-        "Failed metadata index transactions (retried).",
-        s.index_failures,
-    );
-    metric(
-        "picomq_active_streams",
-        "gauge",
-        "Streams currently held in memory.",
-        s.active_streams as u64,
-    );
-    metric(
-        "picomq_live_readers",
-        "gauge",
-        "Open SSE connections.",
-        app.live_readers.load(Relaxed),
-    );
-    Response::builder()
-        .header("content-type", "text/plain; version=0.0.4")
-        .body(Body::from(out))
         .expect("valid response")
 }

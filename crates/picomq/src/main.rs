@@ -2,6 +2,7 @@
 //! commands talk HTTP to any server.
 
 mod serve;
+mod storage;
 
 use clap::{Parser, Subcommand};
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use picomq_engine::{meta::Meta, store, Engine, EngineConfig, WalConfig};
+use picomq_engine::{meta::Meta, Engine, EngineConfig, WalConfig};
 use picomq_http::HttpConfig;
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -79,6 +79,8 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or picomq=debug.
     #[arg(long, env = "PICOMQ_LOG", default_value = "info")]
     pub log: String,
+    #[command(flatten)]
+    pub storage: crate::storage::StorageArgs,
 }
 
 fn init_logging(args: &ServeArgs) -> Result<(), String> {
@@ -143,7 +145,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let config = engine_config(&args)?;
+    let mut config = engine_config(&args)?;
+    args.storage.configure(&mut config);
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let store_url = args
         .store
@@ -159,11 +162,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             format!("sqlite://{}", data_dir.join("meta.sqlite").display())
         }
     };
-    let mut store = store::open(&store_url).map_err(|e| format!("--store: {e}"))?;
+    let opened = crate::storage::open(&store_url, &args.storage, config.cost, args.store_latency)?;
     if let Some(latency) = args.store_latency {
-        let (faulty, control) = store::fault::FaultyStore::new(store);
-        control.set_latency(latency);
-        store = faulty;
         tracing::warn!(
             ?latency,
             "object-store latency injection is on (--store-latency)"
@@ -173,14 +173,21 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("--meta: {e}"))?;
     // Recovery runs before the listener opens: a ready port means a recovered node.
-    let engine = Engine::open(config, store, meta)
+    let engine = Engine::open_instrumented(config, opened.store, opened.stats, meta)
         .await
         .map_err(|e| format!("recovery failed: {e}"))?;
     let http = HttpConfig {
         long_poll_timeout: args.long_poll_timeout,
         sse_max_duration: args.sse_max_duration,
     };
-    let app = picomq_http::router(engine.clone(), http);
+    let (app, admin) = picomq_http::routers(engine.clone(), http);
+    if let Some(addr) = args.storage.admin_listen {
+        let admin_listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--admin-listen {addr}: {e}"))?;
+        tracing::info!(admin_listen = %addr, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(async move { axum::serve(admin_listener, admin).await });
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;

@@ -10,7 +10,7 @@
 //! against a real HTTP object store. It is not a mock: object_store's S3 client
 //! talks to it over HTTP with SigV4, exactly as it talks to AWS.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,9 +61,7 @@ struct AtomicFs {
 
 impl AtomicFs {
     fn stripe(&self, bucket: &str, key: &str) -> &Mutex<()> {
-        let mut h = self.hasher.build_hasher();
-        (bucket, key).hash(&mut h);
-        &self.stripes[h.finish() as usize % LOCK_STRIPES]
+        &self.stripes[self.hasher.hash_one((bucket, key)) as usize % LOCK_STRIPES]
     }
 }
 
@@ -74,10 +72,7 @@ impl S3 for AtomicFs {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         self.control.check()?;
-        let _guard = self
-            .stripe(&req.input.bucket, &req.input.key)
-            .lock()
-            .await;
+        let _guard = self.stripe(&req.input.bucket, &req.input.key).lock().await;
         self.fs.put_object(req).await
     }
 
@@ -86,79 +81,118 @@ impl S3 for AtomicFs {
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         self.control.check()?;
-        let _guard = self
-            .stripe(&req.input.bucket, &req.input.key)
-            .lock()
-            .await;
+        let _guard = self.stripe(&req.input.bucket, &req.input.key).lock().await;
         self.fs.delete_object(req).await
     }
 
-    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
         self.control.check()?;
         self.fs.create_bucket(req).await
     }
 
-    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
         self.control.check()?;
         self.fs.head_bucket(req).await
     }
 
-    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
         self.control.check()?;
         self.fs.list_buckets(req).await
     }
 
-    async fn get_bucket_location(&self, req: S3Request<GetBucketLocationInput>) -> S3Result<S3Response<GetBucketLocationOutput>> {
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
         self.control.check()?;
         self.fs.get_bucket_location(req).await
     }
 
-    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
         self.control.check()?;
         self.fs.get_object(req).await
     }
 
-    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.control.check()?;
         self.fs.head_object(req).await
     }
 
-    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
         self.control.check()?;
         self.fs.list_objects(req).await
     }
 
-    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.control.check()?;
         self.fs.list_objects_v2(req).await
     }
 
-    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
         self.control.check()?;
         self.fs.delete_objects(req).await
     }
 
-    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
         self.control.check()?;
         self.fs.copy_object(req).await
     }
 
-    async fn create_multipart_upload(&self, req: S3Request<CreateMultipartUploadInput>) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         self.control.check()?;
         self.fs.create_multipart_upload(req).await
     }
 
-    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
         self.control.check()?;
         self.fs.upload_part(req).await
     }
 
-    async fn complete_multipart_upload(&self, req: S3Request<CompleteMultipartUploadInput>) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         self.control.check()?;
         self.fs.complete_multipart_upload(req).await
     }
 
-    async fn abort_multipart_upload(&self, req: S3Request<AbortMultipartUploadInput>) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
         self.control.check()?;
         self.fs.abort_multipart_upload(req).await
     }
@@ -191,7 +225,11 @@ impl S3Server {
 
 /// Serves buckets from subdirectories of `root`, creating `buckets` up front, on
 /// `listener`. Runs until the runtime it was spawned on stops.
-pub async fn start(listener: TcpListener, root: &Path, buckets: &[&str]) -> std::io::Result<S3Server> {
+pub async fn start(
+    listener: TcpListener,
+    root: &Path,
+    buckets: &[&str],
+) -> std::io::Result<S3Server> {
     for bucket in buckets {
         std::fs::create_dir_all(root.join(bucket))?;
     }

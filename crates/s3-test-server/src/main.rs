@@ -23,7 +23,9 @@ async fn main() {
             _ => usage(),
         }
     }
-    let (Some(listen), Some(root)) = (listen, root) else { usage() };
+    let (Some(listen), Some(root)) = (listen, root) else {
+        usage()
+    };
     if let Err(e) = std::fs::create_dir_all(&root) {
         eprintln!("picomq-s3-test-server: --root {}: {e}", root.display());
         std::process::exit(1);

@@ -307,7 +307,11 @@ impl InstrumentedStore {
 
 impl fmt::Debug for InstrumentedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "InstrumentedStore({}, {:?})", self.stats.label, self.inner)
+        write!(
+            f,
+            "InstrumentedStore({}, {:?})",
+            self.stats.label, self.inner
+        )
     }
 }
 
@@ -376,9 +380,7 @@ impl ObjectStore for InstrumentedStore {
         self.stats.record(Op::Get, Outcome::of(&r), started);
         if let Ok(parts) = &r {
             let n: usize = parts.iter().map(Bytes::len).sum();
-            self.stats
-                .bytes_read
-                .fetch_add(n as u64, Ordering::Relaxed);
+            self.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -430,8 +432,7 @@ impl ObjectStore for InstrumentedStore {
                 }
                 None => {
                     if l.in_page > 0 || l.pages == 0 {
-                        l.stats
-                            .record(Op::List, Outcome::Ok, l.started);
+                        l.stats.record(Op::List, Outcome::Ok, l.started);
                     }
                     None
                 }

@@ -162,9 +162,9 @@ fn open_cloud(raw: &str) -> Result<Arc<dyn ObjectStore>> {
                 }
             }
             for (k, v) in query {
-                let key = k.parse::<AzureConfigKey>().map_err(|_| {
-                    bad(format!("unknown Azure option {k:?} in the query string"))
-                })?;
+                let key = k
+                    .parse::<AzureConfigKey>()
+                    .map_err(|_| bad(format!("unknown Azure option {k:?} in the query string")))?;
                 b = b.with_config(key, v);
             }
             Arc::new(b.with_url(base).build().map_err(|e| bad(e.to_string()))?)

@@ -78,7 +78,9 @@ impl ObjectStore for RoutedStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.route(location).put_multipart_opts(location, opts).await
+        self.route(location)
+            .put_multipart_opts(location, opts)
+            .await
     }
 
     async fn get_opts(
@@ -160,14 +162,21 @@ mod tests {
         let data: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let wal: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let routed = RoutedStore::new(data.clone(), wal.clone());
-        for key in ["wal/0000000001/000000000000.wal", "epochs/0000000001", "meta/x"] {
+        for key in [
+            "wal/0000000001/000000000000.wal",
+            "epochs/0000000001",
+            "meta/x",
+        ] {
             routed
                 .put(&Path::from(key), PutPayload::from_static(b"x"))
                 .await
                 .unwrap();
             assert!(routed.head(&Path::from(key)).await.is_ok());
         }
-        assert!(wal.head(&Path::from("wal/0000000001/000000000000.wal")).await.is_ok());
+        assert!(wal
+            .head(&Path::from("wal/0000000001/000000000000.wal"))
+            .await
+            .is_ok());
         assert!(wal.head(&Path::from("epochs/0000000001")).await.is_ok());
         assert!(data.head(&Path::from("meta/x")).await.is_ok());
         assert!(data.head(&Path::from("epochs/0000000001")).await.is_err());

@@ -1381,7 +1381,7 @@ impl Engine {
 
     pub async fn list(&self, prefix: &str, after: &str, limit: u32) -> Result<Vec<StreamRow>> {
         self.index_barrier().await?;
-        Ok(self.inner.meta.list(prefix, after, limit).await?)
+        self.inner.meta.list(prefix, after, limit).await
     }
 
     // ---- background --------------------------------------------------------------
@@ -1570,8 +1570,16 @@ impl Engine {
             "counter",
             "Read steps by tier: memory (tail cache) or store (ranged GET of an indexed chunk).",
         )
-        .sample("picomq_reads_total", &[("tier", "memory")], get(&c.reads_memory))
-        .sample("picomq_reads_total", &[("tier", "store")], get(&c.reads_store));
+        .sample(
+            "picomq_reads_total",
+            &[("tier", "memory")],
+            get(&c.reads_memory),
+        )
+        .sample(
+            "picomq_reads_total",
+            &[("tier", "store")],
+            get(&c.reads_store),
+        );
         out.family(
             "picomq_read_bytes_total",
             "counter",

@@ -207,7 +207,9 @@ impl Wal {
             }
         });
         if changed {
-            tracing::error!("a newer process claimed this bucket: this node is fenced and refuses writes");
+            tracing::error!(
+                "a newer process claimed this bucket: this node is fenced and refuses writes"
+            );
         }
         self.shared.wake.notify_one();
     }
@@ -393,11 +395,14 @@ impl Writer {
     }
 }
 
+/// One stream's ops of a flush: stream id, its listener, `(op_no, op)` pairs.
+type Group = (u64, Arc<dyn DurableListener>, Vec<(u64, Op)>);
+
 /// Packs submissions into one object: header, then one chunk per stream, each
 /// stream's ops in submission order.
 fn encode(epoch: u64, seq: u64, subs: Vec<Submission>) -> (Bytes, Vec<FlushedChunk>) {
     let mut order: HashMap<u64, usize> = HashMap::new();
-    let mut groups: Vec<(u64, Arc<dyn DurableListener>, Vec<(u64, Op)>)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     let mut size = format::HEADER_LEN;
     for sub in subs {
         size += format::encoded_len(&sub.op) + format::CHUNK_HEADER_LEN;
@@ -487,7 +492,12 @@ enum Attempt {
 }
 
 /// One create-only PUT, resolving `AlreadyExists` by comparing bytes.
-async fn attempt_put(store: &dyn ObjectStore, path: &Path, bytes: &Bytes, timeout: Duration) -> Attempt {
+async fn attempt_put(
+    store: &dyn ObjectStore,
+    path: &Path,
+    bytes: &Bytes,
+    timeout: Duration,
+) -> Attempt {
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()

@@ -41,7 +41,9 @@ pub fn s3_store(tag: &str) -> Arc<dyn ObjectStore> {
 
 pub async fn open_engine(config: EngineConfig, store: Arc<dyn ObjectStore>) -> Engine {
     let meta = Meta::open("sqlite::memory:").await.expect("meta");
-    Engine::open(config, store, meta).await.expect("open engine")
+    Engine::open(config, store, meta)
+        .await
+        .expect("open engine")
 }
 
 pub fn fast_config() -> EngineConfig {
@@ -103,7 +105,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "condition not met within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -1,0 +1,30 @@
+//! `GET /metrics`: Prometheus text for the whole node. The engine writes its own
+//! families (object stores, WAL, streams, appends, reads); this adds the edge's.
+//! Served on the API port (a reserved path no stream can shadow) and, with
+//! `--admin-listen`, on the admin port too.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::Response;
+use picomq_engine::metrics::Exposition;
+
+use crate::AppState;
+
+pub async fn metrics(State(app): State<Arc<AppState>>) -> Response<Body> {
+    let mut out = Exposition::new();
+    app.engine.write_metrics(&mut out).await;
+    out.single(
+        "picomq_live_readers",
+        "gauge",
+        "Open SSE connections.",
+        app.live_readers.load(Relaxed) as f64,
+    );
+    Response::builder()
+        .header("content-type", "text/plain; version=0.0.4")
+        .header("cache-control", "no-store")
+        .body(Body::from(out.finish()))
+        .expect("valid response")
+}

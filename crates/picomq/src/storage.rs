@@ -1,0 +1,111 @@
+//! `picomq serve`'s object-storage options: where the WAL lives, outage and fencing
+//! detection, the prices behind the cost estimate, and the admin listener. Opens the
+//! stores, each instrumented under its own `store` label (`data`, `wal`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use picomq_engine::store::{self, fault::FaultyStore, instrumented, routed::RoutedStore};
+use picomq_engine::{CostConfig, EngineConfig};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
+}
+
+fn price(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a price in dollars (e.g. 0.005)")),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct StorageArgs {
+    /// Object store for WAL objects, if not --store (e.g. a low-latency bucket such as
+    /// S3 Express One Zone). Every node sharing a --store must use the same --wal-store.
+    #[arg(long, env = "PICOMQ_WAL_STORE", value_name = "URL")]
+    pub wal_store: Option<String>,
+    /// After WAL uploads have failed (or hung) this long, the store is reported down:
+    /// appends fail at once with 503 until it answers again.
+    #[arg(long, env = "PICOMQ_STORE_DOWN_AFTER", default_value = "5s", value_parser = duration)]
+    pub store_down_after: Duration,
+    /// How often to check the bucket for a newer process that took over (fenced) this
+    /// one, at one HEAD request per check; 0 = learn it only on the next write.
+    #[arg(long, env = "PICOMQ_FENCE_CHECK_INTERVAL", default_value = "10s", value_parser = duration)]
+    pub fence_check_interval: Duration,
+    /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
+    /// in /metrics; default: S3 Standard us-east-1).
+    #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
+    pub price_put_per_1000: f64,
+    /// Price of 1,000 GET/HEAD requests, in dollars.
+    #[arg(long, env = "PICOMQ_PRICE_GET_PER_1000", default_value_t = CostConfig::default().get_per_1000_usd, value_parser = price)]
+    pub price_get_per_1000: f64,
+    /// Price of storing 1 GB for a month, in dollars.
+    #[arg(long, env = "PICOMQ_PRICE_GB_MONTH", default_value_t = CostConfig::default().storage_gb_month_usd, value_parser = price)]
+    pub price_gb_month: f64,
+    /// Also serve /metrics, /healthz and /readyz on this address (e.g. a port that
+    /// only the monitoring network reaches).
+    #[arg(long, env = "PICOMQ_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+}
+
+impl StorageArgs {
+    /// Sets the engine options these flags own.
+    pub fn configure(&self, config: &mut EngineConfig) {
+        config.wal.store_down_after = self.store_down_after;
+        config.fence_check_interval =
+            (!self.fence_check_interval.is_zero()).then_some(self.fence_check_interval);
+        config.cost = CostConfig {
+            put_per_1000_usd: self.price_put_per_1000,
+            get_per_1000_usd: self.price_get_per_1000,
+            storage_gb_month_usd: self.price_gb_month,
+        };
+    }
+}
+
+pub struct OpenedStore {
+    pub store: Arc<dyn store::ObjectStore>,
+    pub stats: Vec<Arc<instrumented::StoreStats>>,
+}
+
+/// Opens `--store` (and `--wal-store`), instruments each, and routes WAL keys to the
+/// WAL store. `latency` (testing) is added below the instrumentation, so the
+/// latency metrics include it.
+pub fn open(
+    store_url: &str,
+    args: &StorageArgs,
+    cost: CostConfig,
+    latency: Option<Duration>,
+) -> Result<OpenedStore, String> {
+    let open_one = |flag: &str, url: &str, label: &'static str| {
+        let mut s = store::open(url).map_err(|e| format!("--{flag}: {e}"))?;
+        if let Some(latency) = latency {
+            let (faulty, control) = FaultyStore::new(s);
+            control.set_latency(latency);
+            s = faulty;
+        }
+        let stats = instrumented::StoreStats::new(label, cost);
+        let s: Arc<dyn store::ObjectStore> =
+            Arc::new(instrumented::InstrumentedStore::new(s, stats.clone()));
+        Ok::<_, String>((s, stats))
+    };
+    let (data, data_stats) = open_one("store", store_url, "data")?;
+    match &args.wal_store {
+        None => Ok(OpenedStore {
+            store: data,
+            stats: vec![data_stats],
+        }),
+        Some(wal_url) => {
+            if wal_url.starts_with("memory:") != store_url.starts_with("memory:") {
+                return Err("--wal-store: a memory:// store cannot be paired with a durable one (nothing would survive a restart on one side)".into());
+            }
+            let (wal, wal_stats) = open_one("wal-store", wal_url, "wal")?;
+            Ok(OpenedStore {
+                store: Arc::new(RoutedStore::new(data, wal)),
+                stats: vec![data_stats, wal_stats],
+            })
+        }
+    }
+}
