@@ -19,7 +19,10 @@ async fn at_the_limit_idle_streams_make_room_for_new_ones() {
     let c = &server.client;
     let text = [("content-type", "text/plain")];
     for i in 0..8 {
-        let r = c.put(&format!("/limit/{i}"), &text, format!("s{i};")).await.unwrap();
+        let r = c
+            .put(&format!("/limit/{i}"), &text, format!("s{i};"))
+            .await
+            .unwrap();
         assert_eq!(r.status.as_u16(), 201, "{}", r.text());
     }
     // All eight were used just now: none gives way.

@@ -73,7 +73,10 @@ async fn a_short_append_run_reports_acked_records_and_costs() {
 
     let e2e = &report["end_to_end"];
     assert_eq!(e2e["mode"], "sse");
-    assert!(e2e["latency_ms"]["count"].as_u64().unwrap() > 0, "{report:#}");
+    assert!(
+        e2e["latency_ms"]["count"].as_u64().unwrap() > 0,
+        "{report:#}"
+    );
 
     // Catch-up read every record written, warm-up included, and nothing else.
     let catch_up = &report["catch_up"];
