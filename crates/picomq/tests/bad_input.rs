@@ -4,14 +4,31 @@ mod support;
 
 use support::{Server, TempDir};
 
-async fn expect_error(r: support::Client, method: &str, path: &str, headers: &[(&str, &str)], body: &'static str, status: u16) {
+async fn expect_error(
+    r: support::Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static str,
+    status: u16,
+) {
     let m = picomq_client::HttpMethod::from_bytes(method.as_bytes()).unwrap();
     let resp = r.send(m, path, headers, body).await.unwrap();
-    assert_eq!(resp.status.as_u16(), status, "{method} {path}: {}", resp.text());
+    assert_eq!(
+        resp.status.as_u16(),
+        status,
+        "{method} {path}: {}",
+        resp.text()
+    );
     if method != "HEAD" {
         let json: serde_json::Value = serde_json::from_slice(&resp.body)
             .unwrap_or_else(|_| panic!("{method} {path}: error body is not JSON: {}", resp.text()));
-        assert!(json["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{json}");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{json}"
+        );
         assert!(json["error"]["code"].is_string(), "{json}");
     }
 }
@@ -19,21 +36,55 @@ async fn expect_error(r: support::Client, method: &str, path: &str, headers: &[(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_json_errors() {
     let dir = TempDir::new("bad-input");
-    let server = Server::start(dir.path(), &["--max-append-bytes", "1024", "--max-name-bytes", "64"]).await;
+    let server = Server::start(
+        dir.path(),
+        &["--max-append-bytes", "1024", "--max-name-bytes", "64"],
+    )
+    .await;
     let c = server.client.clone();
     let text = [("content-type", "text/plain")];
     let json = [("content-type", "application/json")];
-    assert_eq!(c.put("/s/text", &text, "").await.unwrap().status.as_u16(), 201);
-    assert_eq!(c.put("/s/json", &json, "").await.unwrap().status.as_u16(), 201);
+    assert_eq!(
+        c.put("/s/text", &text, "").await.unwrap().status.as_u16(),
+        201
+    );
+    assert_eq!(
+        c.put("/s/json", &json, "").await.unwrap().status.as_u16(),
+        201
+    );
 
     // Offsets
     expect_error(c.clone(), "GET", "/s/text?offset=abc", &[], "", 400).await;
     expect_error(c.clone(), "GET", "/s/text?offset=0,1", &[], "", 400).await;
     expect_error(c.clone(), "GET", "/s/text?offset=", &[], "", 400).await;
-    expect_error(c.clone(), "GET", "/s/text?offset=-1&offset=now", &[], "", 400).await;
-    expect_error(c.clone(), "GET", "/s/text?offset=0000000000000000_0000000000009999", &[], "", 400).await;
+    expect_error(
+        c.clone(),
+        "GET",
+        "/s/text?offset=-1&offset=now",
+        &[],
+        "",
+        400,
+    )
+    .await;
+    expect_error(
+        c.clone(),
+        "GET",
+        "/s/text?offset=0000000000000000_0000000000009999",
+        &[],
+        "",
+        400,
+    )
+    .await;
     expect_error(c.clone(), "GET", "/s/text?live=long-poll", &[], "", 400).await;
-    expect_error(c.clone(), "GET", "/s/text?offset=-1&live=forever", &[], "", 400).await;
+    expect_error(
+        c.clone(),
+        "GET",
+        "/s/text?offset=-1&live=forever",
+        &[],
+        "",
+        400,
+    )
+    .await;
     // Bodies
     expect_error(c.clone(), "POST", "/s/json", &json, "{not json", 400).await;
     expect_error(c.clone(), "POST", "/s/json", &json, "[]", 400).await;
@@ -42,13 +93,74 @@ async fn malformed_requests_get_json_errors() {
     expect_error(c.clone(), "POST", "/s/text", &text, big, 413).await;
     expect_error(c.clone(), "PUT", "/s/big", &text, big, 413).await;
     // Headers
-    expect_error(c.clone(), "POST", "/s/text", &[("content-type", "application/json")], "x", 409).await;
+    expect_error(
+        c.clone(),
+        "POST",
+        "/s/text",
+        &[("content-type", "application/json")],
+        "x",
+        409,
+    )
+    .await;
     expect_error(c.clone(), "PUT", "/s/ttl", &[("stream-ttl", "+5")], "", 400).await;
-    expect_error(c.clone(), "PUT", "/s/ttl", &[("stream-ttl", "5"), ("stream-expires-at", "2030-01-01T00:00:00Z")], "", 400).await;
-    expect_error(c.clone(), "PUT", "/s/exp", &[("stream-expires-at", "tomorrow")], "", 400).await;
-    expect_error(c.clone(), "POST", "/s/text", &[("content-type", "text/plain"), ("producer-id", "p")], "x", 400).await;
-    expect_error(c.clone(), "POST", "/s/text", &[("content-type", "text/plain"), ("producer-id", "p"), ("producer-epoch", "x"), ("producer-seq", "0")], "x", 400).await;
-    expect_error(c.clone(), "POST", "/s/text", &[("content-type", "text/plain"), ("producer-id", "p"), ("producer-epoch", "9007199254740992"), ("producer-seq", "0")], "x", 400).await;
+    expect_error(
+        c.clone(),
+        "PUT",
+        "/s/ttl",
+        &[
+            ("stream-ttl", "5"),
+            ("stream-expires-at", "2030-01-01T00:00:00Z"),
+        ],
+        "",
+        400,
+    )
+    .await;
+    expect_error(
+        c.clone(),
+        "PUT",
+        "/s/exp",
+        &[("stream-expires-at", "tomorrow")],
+        "",
+        400,
+    )
+    .await;
+    expect_error(
+        c.clone(),
+        "POST",
+        "/s/text",
+        &[("content-type", "text/plain"), ("producer-id", "p")],
+        "x",
+        400,
+    )
+    .await;
+    expect_error(
+        c.clone(),
+        "POST",
+        "/s/text",
+        &[
+            ("content-type", "text/plain"),
+            ("producer-id", "p"),
+            ("producer-epoch", "x"),
+            ("producer-seq", "0"),
+        ],
+        "x",
+        400,
+    )
+    .await;
+    expect_error(
+        c.clone(),
+        "POST",
+        "/s/text",
+        &[
+            ("content-type", "text/plain"),
+            ("producer-id", "p"),
+            ("producer-epoch", "9007199254740992"),
+            ("producer-seq", "0"),
+        ],
+        "x",
+        400,
+    )
+    .await;
     // Names
     expect_error(c.clone(), "PUT", "/s/../etc", &text, "", 400).await;
     expect_error(c.clone(), "PUT", "/s/%2e%2e/etc", &text, "", 400).await;

@@ -85,7 +85,14 @@ async fn write_budget_caps_puts_while_appends_keep_flowing() {
     let dir = TempDir::new("write-budget");
     let server = Server::start(dir.path(), &["--max-writes-per-sec", "10"]).await;
     let c = server.client.clone();
-    assert_eq!(c.put("/budget", &[("content-type", "text/plain")], "").await.unwrap().status.as_u16(), 201);
+    assert_eq!(
+        c.put("/budget", &[("content-type", "text/plain")], "")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        201
+    );
     let puts_before = metric(&c, "picomq_wal_objects_written_total").await;
     let started = std::time::Instant::now();
     let mut tasks = Vec::new();
@@ -94,7 +101,14 @@ async fn write_budget_caps_puts_while_appends_keep_flowing() {
         tasks.push(tokio::spawn(async move {
             let mut n = 0;
             while started.elapsed() < Duration::from_millis(2000) {
-                let r = c.post("/budget", &[("content-type", "text/plain")], format!("{w}-{n}\n")).await.unwrap();
+                let r = c
+                    .post(
+                        "/budget",
+                        &[("content-type", "text/plain")],
+                        format!("{w}-{n}\n"),
+                    )
+                    .await
+                    .unwrap();
                 assert_eq!(r.status.as_u16(), 204, "{}", r.text());
                 n += 1;
             }
@@ -109,6 +123,12 @@ async fn write_budget_caps_puts_while_appends_keep_flowing() {
     let puts = metric(&c, "picomq_wal_objects_written_total").await - puts_before;
     eprintln!("{appends} appends in {secs:.2}s with a budget of 10 PUT/s -> {puts} PUTs");
     // Spacing is 100 ms: at most one PUT per 100 ms of the run, plus the first.
-    assert!(puts <= (secs * 10.0).ceil() + 1.0, "{puts} PUTs in {secs:.2}s exceeds the budget");
-    assert!(appends as f64 >= puts * 10.0, "batches did not grow under the budget");
+    assert!(
+        puts <= (secs * 10.0).ceil() + 1.0,
+        "{puts} PUTs in {secs:.2}s exceeds the budget"
+    );
+    assert!(
+        appends as f64 >= puts * 10.0,
+        "batches did not grow under the budget"
+    );
 }

@@ -7,23 +7,100 @@ use support::{read_all, Server, TempDir};
 
 async fn write_history(c: &support::Client) {
     let text = [("content-type", "text/plain")];
-    assert_eq!(c.put("/r/a", &text, "a0;").await.unwrap().status.as_u16(), 201);
-    let p = |seq: &'static str| [("content-type", "text/plain"), ("producer-id", "w"), ("producer-epoch", "1"), ("producer-seq", seq)];
-    assert_eq!(c.post("/r/a", &p("0"), "a1;").await.unwrap().status.as_u16(), 200);
-    assert_eq!(c.post("/r/a", &p("1"), "a2;").await.unwrap().status.as_u16(), 200);
-    assert_eq!(c.post("/r/a", &[("content-type", "text/plain"), ("stream-seq", "0005")], "a3;").await.unwrap().status.as_u16(), 204);
-    assert_eq!(c.put("/r/closed", &[("content-type", "text/plain"), ("stream-closed", "true")], "done").await.unwrap().status.as_u16(), 201);
+    assert_eq!(
+        c.put("/r/a", &text, "a0;").await.unwrap().status.as_u16(),
+        201
+    );
+    let p = |seq: &'static str| {
+        [
+            ("content-type", "text/plain"),
+            ("producer-id", "w"),
+            ("producer-epoch", "1"),
+            ("producer-seq", seq),
+        ]
+    };
+    assert_eq!(
+        c.post("/r/a", &p("0"), "a1;")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        c.post("/r/a", &p("1"), "a2;")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        c.post(
+            "/r/a",
+            &[("content-type", "text/plain"), ("stream-seq", "0005")],
+            "a3;"
+        )
+        .await
+        .unwrap()
+        .status
+        .as_u16(),
+        204
+    );
+    assert_eq!(
+        c.put(
+            "/r/closed",
+            &[("content-type", "text/plain"), ("stream-closed", "true")],
+            "done"
+        )
+        .await
+        .unwrap()
+        .status
+        .as_u16(),
+        201
+    );
     let head = c.head("/r/a").await.unwrap();
     let fork_at = head.header("stream-next-offset").unwrap().to_string();
     assert_eq!(
-        c.put("/r/fork", &[("stream-forked-from", "/r/a"), ("stream-fork-offset", fork_at.as_str())], "").await.unwrap().status.as_u16(),
+        c.put(
+            "/r/fork",
+            &[
+                ("stream-forked-from", "/r/a"),
+                ("stream-fork-offset", fork_at.as_str())
+            ],
+            ""
+        )
+        .await
+        .unwrap()
+        .status
+        .as_u16(),
         201
     );
-    assert_eq!(c.post("/r/fork", &text, "f1;").await.unwrap().status.as_u16(), 204);
-    assert_eq!(c.put("/r/gone", &text, "x").await.unwrap().status.as_u16(), 201);
+    assert_eq!(
+        c.post("/r/fork", &text, "f1;")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        204
+    );
+    assert_eq!(
+        c.put("/r/gone", &text, "x").await.unwrap().status.as_u16(),
+        201
+    );
     assert_eq!(c.delete("/r/gone").await.unwrap().status.as_u16(), 204);
-    assert_eq!(c.put("/r/src", &text, "s").await.unwrap().status.as_u16(), 201);
-    assert_eq!(c.put("/r/src-fork", &[("stream-forked-from", "/r/src")], "").await.unwrap().status.as_u16(), 201);
+    assert_eq!(
+        c.put("/r/src", &text, "s").await.unwrap().status.as_u16(),
+        201
+    );
+    assert_eq!(
+        c.put("/r/src-fork", &[("stream-forked-from", "/r/src")], "")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        201
+    );
     assert_eq!(c.delete("/r/src").await.unwrap().status.as_u16(), 204);
 }
 
@@ -31,12 +108,49 @@ async fn check_history(c: &support::Client) {
     let text = [("content-type", "text/plain")];
     assert_eq!(read_all(c, "/r/a").await, b"a0;a1;a2;a3;");
     // Producer state: a retry of seq 1 is a duplicate, seq 2 is next.
-    let p = |seq: &'static str| [("content-type", "text/plain"), ("producer-id", "w"), ("producer-epoch", "1"), ("producer-seq", seq)];
-    assert_eq!(c.post("/r/a", &p("1"), "a2;").await.unwrap().status.as_u16(), 204);
-    let stale = c.post("/r/a", &[("content-type", "text/plain"), ("producer-id", "w"), ("producer-epoch", "0"), ("producer-seq", "0")], "z").await.unwrap();
+    let p = |seq: &'static str| {
+        [
+            ("content-type", "text/plain"),
+            ("producer-id", "w"),
+            ("producer-epoch", "1"),
+            ("producer-seq", seq),
+        ]
+    };
+    assert_eq!(
+        c.post("/r/a", &p("1"), "a2;")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        204
+    );
+    let stale = c
+        .post(
+            "/r/a",
+            &[
+                ("content-type", "text/plain"),
+                ("producer-id", "w"),
+                ("producer-epoch", "0"),
+                ("producer-seq", "0"),
+            ],
+            "z",
+        )
+        .await
+        .unwrap();
     assert_eq!(stale.status.as_u16(), 403);
     // Stream-Seq regression still rejected.
-    assert_eq!(c.post("/r/a", &[("content-type", "text/plain"), ("stream-seq", "0004")], "z").await.unwrap().status.as_u16(), 409);
+    assert_eq!(
+        c.post(
+            "/r/a",
+            &[("content-type", "text/plain"), ("stream-seq", "0004")],
+            "z"
+        )
+        .await
+        .unwrap()
+        .status
+        .as_u16(),
+        409
+    );
     // Closed stays closed.
     let closed = c.post("/r/closed", &text, "more").await.unwrap();
     assert_eq!(closed.status.as_u16(), 409);

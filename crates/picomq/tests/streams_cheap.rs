@@ -14,11 +14,37 @@ async fn idle_streams_go_dormant_and_come_back() {
     let c = &server.client;
     let text = [("content-type", "text/plain")];
     for i in 0..200 {
-        assert_eq!(c.put(&format!("/cheap/{i}"), &text, format!("first-{i};")).await.unwrap().status.as_u16(), 201);
+        assert_eq!(
+            c.put(&format!("/cheap/{i}"), &text, format!("first-{i};"))
+                .await
+                .unwrap()
+                .status
+                .as_u16(),
+            201
+        );
     }
-    let producer = [("content-type", "text/plain"), ("producer-id", "p"), ("producer-epoch", "3"), ("producer-seq", "0")];
-    assert_eq!(c.post("/cheap/0", &producer, "second;").await.unwrap().status.as_u16(), 200);
-    assert_eq!(c.post("/cheap/1", &[("stream-closed", "true")], "").await.unwrap().status.as_u16(), 204);
+    let producer = [
+        ("content-type", "text/plain"),
+        ("producer-id", "p"),
+        ("producer-epoch", "3"),
+        ("producer-seq", "0"),
+    ];
+    assert_eq!(
+        c.post("/cheap/0", &producer, "second;")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        c.post("/cheap/1", &[("stream-closed", "true")], "")
+            .await
+            .unwrap()
+            .status
+            .as_u16(),
+        204
+    );
     // Streams just written are in memory (older ones may already be dormant).
     assert!(metric(c, "picomq_active_streams").await >= 1.0);
 
@@ -30,7 +56,11 @@ async fn idle_streams_go_dormant_and_come_back() {
     // Loaded on demand, with data, producer state and closed state intact.
     assert_eq!(read_all(c, "/cheap/0").await, b"first-0;second;");
     let dup = c.post("/cheap/0", &producer, "second;").await.unwrap();
-    assert_eq!(dup.status.as_u16(), 204, "retry must be deduplicated after reload");
+    assert_eq!(
+        dup.status.as_u16(),
+        204,
+        "retry must be deduplicated after reload"
+    );
     assert_eq!(read_all(c, "/cheap/0").await, b"first-0;second;");
     let closed = c.post("/cheap/1", &text, "more").await.unwrap();
     assert_eq!(closed.status.as_u16(), 409);

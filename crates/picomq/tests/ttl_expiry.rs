@@ -14,29 +14,63 @@ async fn expired_streams_are_gone_and_reusable() {
     let c = &server.client;
     let text = [("content-type", "text/plain")];
     for name in ["/ttl/get", "/ttl/delete", "/ttl/put", "/ttl/fork-src"] {
-        let r = c.put(name, &[("content-type", "text/plain"), ("stream-ttl", "1")], "x").await.unwrap();
+        let r = c
+            .put(
+                name,
+                &[("content-type", "text/plain"), ("stream-ttl", "1")],
+                "x",
+            )
+            .await
+            .unwrap();
         assert_eq!(r.status.as_u16(), 201);
     }
     // Keep one alive by reading it while the others lapse.
     let started = Instant::now();
-    let r = c.put("/ttl/kept", &[("content-type", "text/plain"), ("stream-ttl", "1")], "k").await.unwrap();
+    let r = c
+        .put(
+            "/ttl/kept",
+            &[("content-type", "text/plain"), ("stream-ttl", "1")],
+            "k",
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status.as_u16(), 201);
     while started.elapsed() < Duration::from_millis(1600) {
-        assert_eq!(c.get("/ttl/kept?offset=-1").await.unwrap().status.as_u16(), 200);
+        assert_eq!(
+            c.get("/ttl/kept?offset=-1").await.unwrap().status.as_u16(),
+            200
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Every kind of request on an expired stream answers promptly.
     let deadline = Duration::from_secs(5);
-    let get = tokio::time::timeout(deadline, c.get("/ttl/get?offset=-1")).await.expect("GET hung").unwrap();
-    assert_eq!(get.status.as_u16(), 404);
-    let del = tokio::time::timeout(deadline, c.delete("/ttl/delete")).await.expect("DELETE hung").unwrap();
-    assert_eq!(del.status.as_u16(), 404);
-    let put = tokio::time::timeout(deadline, c.put("/ttl/put", &text, "new")).await.expect("PUT hung").unwrap();
-    assert_eq!(put.status.as_u16(), 201, "an expired path can be created again: {}", put.text());
-    let fork = tokio::time::timeout(deadline, c.put("/ttl/fork", &[("stream-forked-from", "/ttl/fork-src")], ""))
+    let get = tokio::time::timeout(deadline, c.get("/ttl/get?offset=-1"))
         .await
-        .expect("fork PUT hung")
+        .expect("GET hung")
         .unwrap();
+    assert_eq!(get.status.as_u16(), 404);
+    let del = tokio::time::timeout(deadline, c.delete("/ttl/delete"))
+        .await
+        .expect("DELETE hung")
+        .unwrap();
+    assert_eq!(del.status.as_u16(), 404);
+    let put = tokio::time::timeout(deadline, c.put("/ttl/put", &text, "new"))
+        .await
+        .expect("PUT hung")
+        .unwrap();
+    assert_eq!(
+        put.status.as_u16(),
+        201,
+        "an expired path can be created again: {}",
+        put.text()
+    );
+    let fork = tokio::time::timeout(
+        deadline,
+        c.put("/ttl/fork", &[("stream-forked-from", "/ttl/fork-src")], ""),
+    )
+    .await
+    .expect("fork PUT hung")
+    .unwrap();
     assert_eq!(fork.status.as_u16(), 404);
     assert_eq!(support::read_all(c, "/ttl/put").await, b"new");
     assert_eq!(support::read_all(c, "/ttl/kept").await, b"k");
