@@ -58,7 +58,6 @@ async fn concurrent_appends_across_streams_share_writes() {
         let data = support::read_all(&server.client, &format!("/gc/{c}")).await;
         assert_eq!(String::from_utf8(data).unwrap().lines().count(), PER_CLIENT);
     }
-    let _ = Duration::ZERO;
 }
 
 fn wal_files(data_dir: &std::path::Path) -> usize {
