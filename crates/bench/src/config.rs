@@ -183,6 +183,9 @@ impl Workload {
     pub fn from_args(a: &RunArgs) -> Result<Workload, BenchError> {
         let bad = |m: String| Err(BenchError::Config(m));
         let (origin, authority, base_path) = split_url(&a.url)?;
+        if hyper::header::HeaderValue::from_str(&authority).is_err() {
+            return bad(format!("{}: the host is not a valid Host header", a.url));
+        }
         let addr = authority
             .to_socket_addrs()
             .map_err(|e| BenchError::Config(format!("{}: {e}", a.url)))?
