@@ -1,6 +1,8 @@
-//! `picomq`: the one binary. `serve` runs the server; the client, admin and benchmark
-//! commands talk HTTP to any server.
+//! `picomq`: the one binary. `serve` runs the server; the client commands (`cli`),
+//! admin and benchmark commands talk HTTP to any server.
 
+mod cli;
+mod config_file;
 mod serve;
 mod storage;
 
@@ -23,10 +25,12 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Benchmark any Durable Streams server (appends, live and catch-up reads, costs).
     Bench(Box<picomq_bench::BenchArgs>),
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = config_file::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,5 +38,6 @@ fn main() -> std::process::ExitCode {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::Bench(args) => runtime.block_on(picomq_bench::run(*args)),
+        Command::Client(command) => runtime.block_on(cli::run(command)),
     }
 }

@@ -1,14 +1,17 @@
-//! `picomq serve`: configuration (flags with PICOMQ_* environment equivalents),
-//! start-up (recovery before listening), and graceful shutdown.
+//! `picomq serve`: configuration (flags, PICOMQ_* environment, an optional TOML file
+//! read by `config_file`), start-up (the port answers "alive, not ready" while
+//! recovery runs) and graceful shutdown (bounded by `--shutdown-timeout`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use clap::Args;
 use picomq_engine::{meta::Meta, Engine, EngineConfig, WalConfig};
-use picomq_http::HttpConfig;
+use picomq_http::{HttpConfig, ShutdownSignal, ShutdownTrigger};
+use tokio::time::Instant;
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
@@ -16,6 +19,10 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// TOML file of options, keyed by flag name (`listen = "0.0.0.0:4437"`). Flags
+    /// and PICOMQ_* variables override it [default: none].
+    #[arg(long, env = "PICOMQ_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "PICOMQ_LISTEN", default_value = "127.0.0.1:4437")]
     pub listen: SocketAddr,
@@ -35,8 +42,8 @@ pub struct ServeArgs {
     /// SSE connections are closed after this long; clients resume from their offset.
     #[arg(long, env = "PICOMQ_SSE_MAX_DURATION", default_value = "60s", value_parser = duration)]
     pub sse_max_duration: Duration,
-    /// Object-store write budget in PUTs per second (unlimited if unset). At the
-    /// budget, batches grow instead of PUTs multiplying.
+    /// Object-store write budget in PUTs per second. At the budget, batches grow
+    /// instead of PUTs multiplying [default: unlimited].
     #[arg(long, env = "PICOMQ_MAX_WRITES_PER_SEC")]
     pub max_writes_per_sec: Option<f64>,
     /// How long an append waits to become durable before failing with 503.
@@ -70,15 +77,20 @@ pub struct ServeArgs {
     #[arg(long, env = "PICOMQ_WAL_BUFFER_BYTES", default_value_t = WalConfig::default().buffer_bytes_max)]
     pub wal_buffer_bytes: usize,
     /// Testing and benchmarks only: add this latency to every object-store request
-    /// (e.g. 20ms to behave like S3 on a local directory).
+    /// (e.g. 20ms to behave like S3 on a local directory) [default: none].
     #[arg(long, env = "PICOMQ_STORE_LATENCY", value_parser = duration)]
     pub store_latency: Option<Duration>,
     /// Log format: text or json.
     #[arg(long, env = "PICOMQ_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
-    /// Log filter, e.g. info or picomq=debug.
+    /// Log filter, e.g. info or picomq=debug. One line per request is logged at
+    /// info under the target picomq::access (silence it with info,picomq::access=warn).
     #[arg(long, env = "PICOMQ_LOG", default_value = "info")]
     pub log: String,
+    /// Upper bound on a graceful shutdown (SIGTERM/SIGINT): in-flight requests get
+    /// three quarters of it to finish, the WAL flush the rest; then the process exits.
+    #[arg(long, env = "PICOMQ_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = duration)]
+    pub shutdown_timeout: Duration,
     #[command(flatten)]
     pub storage: crate::storage::StorageArgs,
 }
@@ -86,8 +98,10 @@ pub struct ServeArgs {
 fn init_logging(args: &ServeArgs) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
         .map_err(|e| format!("--log {:?}: {e}", args.log))?;
+    // Colours only for a person watching; log files and collectors get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if args.log_format == "json" {
         builder.json().init();
@@ -145,6 +159,7 @@ pub async fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
+    let mut signals = Signals::install()?;
     let mut config = engine_config(&args)?;
     args.storage.configure(&mut config);
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
@@ -172,13 +187,27 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let meta = Meta::open(&meta_url)
         .await
         .map_err(|e| format!("--meta: {e}"))?;
-    // Recovery runs before the listener opens: a ready port means a recovered node.
-    let engine = Engine::open_instrumented(config, opened.store, opened.stats, meta)
+    // The port opens before recovery so probes can tell "alive" from "ready": until
+    // recovery ends it serves only /healthz, and 503 everywhere else.
+    let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| format!("recovery failed: {e}"))?;
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let (listener, recovering) = serve_while_recovering(listener)?;
+    tracing::info!(listen = %local, store = %store_url, meta = %meta_url, "recovering");
+    let engine = tokio::select! {
+        r = Engine::open_instrumented(config, opened.store, opened.stats, meta) => r.map_err(|e| format!("recovery failed: {e}"))?,
+        signal = signals.recv() => {
+            tracing::info!(signal, "stopped during recovery");
+            return Ok(());
+        }
+    };
+    recovering.stop().await;
+    let (trigger, shutdown) = ShutdownSignal::new();
     let http = HttpConfig {
         long_poll_timeout: args.long_poll_timeout,
         sse_max_duration: args.sse_max_duration,
+        shutdown: shutdown.clone(),
     };
     let (app, admin) = picomq_http::routers(engine.clone(), http);
     if let Some(addr) = args.storage.admin_listen {
@@ -186,53 +215,134 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("--admin-listen {addr}: {e}"))?;
         tracing::info!(admin_listen = %addr, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(async move { axum::serve(admin_listener, admin).await });
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(admin_listener, admin)
+                .with_graceful_shutdown(async move { stop.fired().await })
+                .await
+        });
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(listen = %local, store = %store_url, meta = %meta_url, epoch = engine.epoch(), "picomq serving");
-    use axum::serve::ListenerExt;
+    tracing::info!(listen = %local, epoch = engine.epoch(), "picomq serving (ready)");
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    });
-    let server = tokio::spawn(async move { server.await });
-    shutdown_signal().await;
-    tracing::info!("shutting down: refusing new connections, finishing in-flight requests");
-    let _ = stop_tx.send(true);
-    // In-flight requests get a bounded grace period; live readers are cut after it.
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    match tokio::time::timeout(Duration::from_secs(20), engine.shutdown()).await {
-        Ok(()) => tracing::info!("WAL flushed; bye"),
-        Err(_) => {
-            tracing::warn!("WAL did not flush within 20s; unflushed appends were not acknowledged")
+    let stop = shutdown.clone();
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.fired().await });
+    let mut server = tokio::spawn(async move { server.await });
+
+    let signal = tokio::select! {
+        signal = signals.recv() => signal,
+        r = &mut server => return Err(format!("server stopped: {r:?}")),
+    };
+    let started = Instant::now();
+    let drain_deadline = started + args.shutdown_timeout * 3 / 4;
+    let deadline = started + args.shutdown_timeout;
+    tracing::info!(signal, timeout = ?args.shutdown_timeout, "shutting down: refusing new connections, ending live reads, finishing in-flight requests");
+    // Stops the accept loop and asks every connection to close once its request is
+    // answered; SSE and long-polls answer at once.
+    trigger.fire();
+    tokio::select! {
+        _ = &mut server => tracing::info!(elapsed = ?started.elapsed(), "all connections closed"),
+        _ = tokio::time::sleep_until(drain_deadline) => {
+            tracing::warn!("requests still running at the drain deadline are cut off (not acknowledged)");
+        }
+        signal = signals.recv() => {
+            tracing::warn!(signal, "second signal: exiting without flushing the WAL (nothing unflushed was acknowledged)");
+            return Err("interrupted during shutdown".into());
         }
     }
-    Ok(())
+    server.abort();
+    match tokio::time::timeout_at(deadline, engine.shutdown()).await {
+        Ok(()) => {
+            tracing::info!(elapsed = ?started.elapsed(), "WAL flushed; bye");
+            Ok(())
+        }
+        Err(_) => Err(format!(
+            "the WAL did not flush within --shutdown-timeout {:?}; appends that were not flushed were not acknowledged",
+            args.shutdown_timeout
+        )),
+    }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
+/// The stand-in server on a duplicate of the listening socket while recovery runs.
+struct Recovering {
+    stop: ShutdownTrigger,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Starts the stand-in on a duplicate of `listener`; hands the listener back for the
+/// real server.
+fn serve_while_recovering(
+    listener: tokio::net::TcpListener,
+) -> Result<(tokio::net::TcpListener, Recovering), String> {
+    let io = |e: std::io::Error| format!("--listen: duplicating the socket: {e}");
+    // `into_std` leaves the socket non-blocking, as `from_std` requires.
+    let listener = listener.into_std().map_err(io)?;
+    let dup = listener.try_clone().map_err(io)?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(io)?;
+    let dup = tokio::net::TcpListener::from_std(dup).map_err(io)?;
+    let (stop, stopped) = ShutdownSignal::new();
+    let server = axum::serve(dup, picomq_http::recovering_router())
+        .with_graceful_shutdown(async move { stopped.fired().await });
+    let recovering = Recovering {
+        stop,
+        task: tokio::spawn(async move { server.await }),
     };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    Ok((listener, recovering))
+}
+
+impl Recovering {
+    /// Stops accepting (connections waiting in the backlog go to the real server) and
+    /// closes the stand-in's connections; clients see them close and reconnect.
+    async fn stop(self) {
+        self.stop.fire();
+        if tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a connection opened during recovery did not close within 5s");
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    }
+}
+
+/// SIGTERM and SIGINT, caught from the start so neither kills the process mid-way.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let install =
+                |kind| signal(kind).map_err(|e| format!("installing signal handlers: {e}"));
+            Ok(Signals {
+                term: install(SignalKind::terminate())?,
+                int: install(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The name of the next signal received.
+    async fn recv(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "ctrl-c"
+        }
     }
 }

@@ -24,7 +24,8 @@ fn price(s: &str) -> Result<f64, String> {
 #[derive(Args, Debug)]
 pub struct StorageArgs {
     /// Object store for WAL objects, if not --store (e.g. a low-latency bucket such as
-    /// S3 Express One Zone). Every node sharing a --store must use the same --wal-store.
+    /// S3 Express One Zone). Every node sharing a --store must use the same --wal-store
+    /// [default: --store].
     #[arg(long, env = "PICOMQ_WAL_STORE", value_name = "URL")]
     pub wal_store: Option<String>,
     /// After WAL uploads have failed (or hung) this long, the store is reported down:
@@ -46,7 +47,7 @@ pub struct StorageArgs {
     #[arg(long, env = "PICOMQ_PRICE_GB_MONTH", default_value_t = CostConfig::default().storage_gb_month_usd, value_parser = price)]
     pub price_gb_month: f64,
     /// Also serve /metrics, /healthz and /readyz on this address (e.g. a port that
-    /// only the monitoring network reaches).
+    /// only the monitoring network reaches) [default: none].
     #[arg(long, env = "PICOMQ_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
 }

@@ -113,10 +113,11 @@ pub async fn get(
         (live == Live::LongPoll).then(|| next_cursor(now_secs(), params.cursor.as_deref()));
     if live == Live::LongPoll && chunk.segments.is_empty() {
         if !chunk.closed {
-            let outcome = app
-                .engine
-                .wait(&stream, from, app.long_poll_timeout)
-                .await?;
+            // At shutdown, answer like a timeout: the client polls again, elsewhere.
+            let outcome = tokio::select! {
+                r = app.engine.wait(&stream, from, app.long_poll_timeout) => r?,
+                _ = app.shutdown.fired() => WaitOutcome::TimedOut,
+            };
             app.engine.touch(&stream);
             if let WaitOutcome::Ready = outcome {
                 chunk = app.engine.read(&stream, from, max).await?;

@@ -1,7 +1,8 @@
 //! `live=sse`: data events with the stream's bytes (base64 for binary content types,
 //! a JSON array for JSON streams), each followed by a control event carrying the next
 //! offset. The connection ends after `sse_max_duration` so caches can collapse
-//! readers, or at once when the stream is closed and fully delivered.
+//! readers, at server shutdown, or at once when the stream is closed and fully
+//! delivered.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -61,11 +62,14 @@ pub fn respond(
     r.body(Body::from_stream(body)).expect("valid response")
 }
 
-/// Why the event loop stopped early: the client left, or the stream went away.
+/// Why the event loop stopped early: the client left, the server is shutting down, or
+/// the stream went away.
 #[derive(Debug, thiserror::Error)]
 enum Stop {
     #[error("client disconnected")]
     Disconnected,
+    #[error("server shutting down")]
+    ShuttingDown,
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -79,10 +83,13 @@ async fn pump(
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<(), Stop> {
     let started = Instant::now();
+    // A client too slow to take the next event must not hold a shutdown open: it
+    // resumes from the last control event it did take.
     let send = |b: String| async move {
-        tx.send(Bytes::from(b))
-            .await
-            .map_err(|_| Stop::Disconnected)
+        tokio::select! {
+            r = tx.send(Bytes::from(b)) => r.map_err(|_| Stop::Disconnected),
+            _ = app.shutdown.fired() => Err(Stop::ShuttingDown),
+        }
     };
     loop {
         let chunk = app
@@ -115,10 +122,12 @@ async fn pump(
             return Ok(());
         }
         let timeout = remaining.min(app.long_poll_timeout);
-        // Wake on new data, on close, or when the client goes away.
+        // Wake on new data, on close, or when the client goes away. At shutdown the
+        // last control event already named the offset to resume from: just end.
         let outcome = tokio::select! {
             r = app.engine.wait(stream, offset, timeout) => r?,
             _ = tx.closed() => return Err(Stop::Disconnected),
+            _ = app.shutdown.fired() => return Ok(()),
         };
         app.engine.touch(stream);
         if let WaitOutcome::TimedOut = outcome {
