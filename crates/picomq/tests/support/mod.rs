@@ -3,6 +3,8 @@
 //! (SIGKILL or SIGTERM) and start it again on the same data.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
