@@ -91,7 +91,8 @@ async fn sigkill_loses_no_acknowledged_append() {
             sent_total += w.await.unwrap();
         }
         server.restart().await;
-        verify(&server, &acked.lock().unwrap()).await;
+        let snapshot = acked.lock().unwrap().clone();
+        verify(&server, &snapshot).await;
     }
     let n = acked.lock().unwrap().len();
     assert!(

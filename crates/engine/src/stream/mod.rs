@@ -434,6 +434,16 @@ impl Engine {
     /// The active handle for `name`, loading it if dormant; `None` if there is none.
     /// Deleted and expired streams resolve to `None`.
     async fn lookup(&self, name: &str) -> Result<Option<Arc<StreamHandle>>> {
+        self.lookup_in(name, false).await
+    }
+
+    /// `lookup` for callers that already hold the lifecycle lock (`lifecycle_held`):
+    /// an expired stream is then deleted without taking the lock again.
+    async fn lookup_in(
+        &self,
+        name: &str,
+        lifecycle_held: bool,
+    ) -> Result<Option<Arc<StreamHandle>>> {
         for _ in 0..16 {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
@@ -465,7 +475,11 @@ impl Engine {
                 self.wait_durable(&handle, 1).await?;
             }
             if view.lifecycle == Lifecycle::Live && handle.is_expired(now_ms()) {
-                self.expire(&handle).await?;
+                if lifecycle_held {
+                    self.delete_locked(handle.clone()).await?;
+                } else {
+                    self.expire(&handle).await?;
+                }
                 continue;
             }
             return Ok(Some(handle));
@@ -602,7 +616,7 @@ impl Engine {
             None => None,
         };
         // Forks take the lifecycle lock so a concurrent delete of the source sees them.
-        let _guard = match req.fork {
+        let guard = match req.fork {
             Some(_) => Some(self.inner.lifecycle.lock().await),
             None => None,
         };
@@ -611,7 +625,7 @@ impl Engine {
                 .inner
                 .registry
                 .by_name(&req.name)
-                .or(self.lookup(&req.name).await?)
+                .or(self.lookup_in(&req.name, guard.is_some()).await?)
             {
                 match existing.view().lifecycle {
                     Lifecycle::SoftDeleted => {
@@ -627,7 +641,7 @@ impl Engine {
                         if existing.view().op == 0 && existing.lock().next_op > 1 {
                             self.wait_durable(&existing, 1).await?;
                         }
-                        return self.confirm_existing(&existing, &req).await.map(|info| (false, info));
+                        return self.confirm_existing(&existing, &req, guard.is_some()).await.map(|info| (false, info));
                     }
                 }
             }
@@ -660,6 +674,7 @@ impl Engine {
         &self,
         existing: &Arc<StreamHandle>,
         req: &CreateRequest,
+        lifecycle_held: bool,
     ) -> Result<StreamInfo> {
         let c = &existing.config;
         let view = existing.view();
@@ -686,7 +701,7 @@ impl Engine {
                 }
             }
             (Some(f), Some(origin)) => {
-                let source = self.lookup(&f.source).await?;
+                let source = self.lookup_in(&f.source, lifecycle_held).await?;
                 if source.as_ref().map(|s| s.config.id) != Some(origin.source_id) {
                     return mismatch("fork source");
                 }
@@ -726,7 +741,8 @@ impl Engine {
         let mut expires_at_ms = expires_at_ms;
         let mut fork = None;
         if let Some(f) = &req.fork {
-            let source = match self.lookup(&f.source).await? {
+            // Fork creation holds the lifecycle lock (see `create`).
+            let source = match self.lookup_in(&f.source, true).await? {
                 Some(s) => s,
                 None => return Err(EngineError::ForkSourceNotFound),
             };
@@ -1117,7 +1133,10 @@ impl Engine {
 
     pub async fn delete(&self, name: &str) -> Result<()> {
         let _guard = self.inner.lifecycle.lock().await;
-        let handle = self.lookup(name).await?.ok_or(EngineError::NotFound)?;
+        let handle = self
+            .lookup_in(name, true)
+            .await?
+            .ok_or(EngineError::NotFound)?;
         if handle.view().lifecycle == Lifecycle::SoftDeleted {
             return Err(EngineError::Gone);
         }
@@ -1433,23 +1452,74 @@ enum Sequenced {
 }
 
 /// Splits a JSON body into messages: a top-level array is flattened one level.
-/// Each message is stored compact. `allow_empty`: `[]` is fine (creating a stream).
-pub fn json_records(body: &[u8], allow_empty: bool) -> Result<Vec<Bytes>> {
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| EngineError::bad_request(format!("body is not valid JSON: {e}")))?;
-    let encode = |v: &serde_json::Value| {
-        Bytes::from(serde_json::to_vec(v).expect("a Value always serializes"))
-    };
-    match value {
-        serde_json::Value::Array(items) => {
-            if items.is_empty() && !allow_empty {
-                return Err(EngineError::bad_request(
-                    "empty JSON array: nothing to append",
-                ));
-            }
-            Ok(items.iter().map(encode).collect())
+/// Messages are validated but not re-encoded: each is a zero-copy slice of the body
+/// (without surrounding whitespace). `allow_empty`: `[]` is fine (creating a stream).
+pub fn json_records(body: &Bytes, allow_empty: bool) -> Result<Vec<Bytes>> {
+    use serde_json::value::RawValue;
+    let invalid =
+        |e: serde_json::Error| EngineError::bad_request(format!("body is not valid JSON: {e}"));
+    let text = std::str::from_utf8(body)
+        .map_err(|_| EngineError::bad_request("body is not valid JSON: not UTF-8"))?;
+    if text.trim_start().starts_with('[') {
+        let items: Vec<&RawValue> = serde_json::from_str(text).map_err(invalid)?;
+        if items.is_empty() && !allow_empty {
+            return Err(EngineError::bad_request(
+                "empty JSON array: nothing to append",
+            ));
         }
-        other => Ok(vec![encode(&other)]),
+        Ok(items
+            .iter()
+            .map(|raw| body.slice_ref(raw.get().as_bytes()))
+            .collect())
+    } else {
+        let raw: &RawValue = serde_json::from_str(text).map_err(invalid)?;
+        Ok(vec![body.slice_ref(raw.get().as_bytes())])
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[test]
+    fn flattens_one_level_without_copying() {
+        let body = Bytes::from_static(br#" [ {"a": 1}, [2, 3], "x" ] "#);
+        let records = json_records(&body, false).unwrap();
+        assert_eq!(
+            records,
+            vec![
+                Bytes::from_static(br#"{"a": 1}"#),
+                Bytes::from_static(b"[2, 3]"),
+                Bytes::from_static(br#""x""#)
+            ]
+        );
+        assert_eq!(
+            records[0].as_ptr(),
+            body[3..].as_ptr(),
+            "a slice of the body, not a copy"
+        );
+        assert_eq!(
+            json_records(&Bytes::from_static(b"[[[1]]]"), false).unwrap(),
+            vec![Bytes::from_static(b"[[1]]")]
+        );
+        assert_eq!(
+            json_records(&Bytes::from_static(b"7"), false).unwrap(),
+            vec![Bytes::from_static(b"7")]
+        );
+    }
+
+    #[test]
+    fn rejects_invalid_and_empty() {
+        assert!(json_records(&Bytes::from_static(b"[]"), false).is_err());
+        assert!(json_records(&Bytes::from_static(b"[]"), true)
+            .unwrap()
+            .is_empty());
+        for bad in [&b"{"[..], b"[1,]", b"nope", b"[1] 2", b"\xff"] {
+            assert!(
+                json_records(&Bytes::copy_from_slice(bad), false).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 }
 
