@@ -1477,52 +1477,6 @@ pub fn json_records(body: &Bytes, allow_empty: bool) -> Result<Vec<Bytes>> {
     }
 }
 
-#[cfg(test)]
-mod json_tests {
-    use super::*;
-
-    #[test]
-    fn flattens_one_level_without_copying() {
-        let body = Bytes::from_static(br#" [ {"a": 1}, [2, 3], "x" ] "#);
-        let records = json_records(&body, false).unwrap();
-        assert_eq!(
-            records,
-            vec![
-                Bytes::from_static(br#"{"a": 1}"#),
-                Bytes::from_static(b"[2, 3]"),
-                Bytes::from_static(br#""x""#)
-            ]
-        );
-        assert_eq!(
-            records[0].as_ptr(),
-            body[3..].as_ptr(),
-            "a slice of the body, not a copy"
-        );
-        assert_eq!(
-            json_records(&Bytes::from_static(b"[[[1]]]"), false).unwrap(),
-            vec![Bytes::from_static(b"[[1]]")]
-        );
-        assert_eq!(
-            json_records(&Bytes::from_static(b"7"), false).unwrap(),
-            vec![Bytes::from_static(b"7")]
-        );
-    }
-
-    #[test]
-    fn rejects_invalid_and_empty() {
-        assert!(json_records(&Bytes::from_static(b"[]"), false).is_err());
-        assert!(json_records(&Bytes::from_static(b"[]"), true)
-            .unwrap()
-            .is_empty());
-        for bad in [&b"{"[..], b"[1,]", b"nope", b"[1] 2", b"\xff"] {
-            assert!(
-                json_records(&Bytes::copy_from_slice(bad), false).is_err(),
-                "{bad:?}"
-            );
-        }
-    }
-}
-
 impl Engine {
     /// `Ok` while this node accepts writes.
     pub fn health(&self) -> Result<()> {
@@ -1683,6 +1637,52 @@ impl Engine {
                 "gauge",
                 "Streams that exist (not deleted), active or dormant.",
                 n as f64,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[test]
+    fn flattens_one_level_without_copying() {
+        let body = Bytes::from_static(br#" [ {"a": 1}, [2, 3], "x" ] "#);
+        let records = json_records(&body, false).unwrap();
+        assert_eq!(
+            records,
+            vec![
+                Bytes::from_static(br#"{"a": 1}"#),
+                Bytes::from_static(b"[2, 3]"),
+                Bytes::from_static(br#""x""#)
+            ]
+        );
+        assert_eq!(
+            records[0].as_ptr(),
+            body[3..].as_ptr(),
+            "a slice of the body, not a copy"
+        );
+        assert_eq!(
+            json_records(&Bytes::from_static(b"[[[1]]]"), false).unwrap(),
+            vec![Bytes::from_static(b"[[1]]")]
+        );
+        assert_eq!(
+            json_records(&Bytes::from_static(b"7"), false).unwrap(),
+            vec![Bytes::from_static(b"7")]
+        );
+    }
+
+    #[test]
+    fn rejects_invalid_and_empty() {
+        assert!(json_records(&Bytes::from_static(b"[]"), false).is_err());
+        assert!(json_records(&Bytes::from_static(b"[]"), true)
+            .unwrap()
+            .is_empty());
+        for bad in [&b"{"[..], b"[1,]", b"nope", b"[1] 2", b"\xff"] {
+            assert!(
+                json_records(&Bytes::copy_from_slice(bad), false).is_err(),
+                "{bad:?}"
             );
         }
     }
