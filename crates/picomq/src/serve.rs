@@ -253,15 +253,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
     }
     server.abort();
-    match tokio::time::timeout_at(deadline, engine.shutdown()).await {
-        Ok(()) => {
+    tokio::select! {
+        _ = engine.shutdown() => {
             tracing::info!(elapsed = ?started.elapsed(), "WAL flushed; bye");
             Ok(())
         }
-        Err(_) => Err(format!(
+        _ = tokio::time::sleep_until(deadline) => Err(format!(
             "the WAL did not flush within --shutdown-timeout {:?}; appends that were not flushed were not acknowledged",
             args.shutdown_timeout
         )),
+        signal = signals.recv() => {
+            tracing::warn!(signal, "second signal: exiting before the WAL flush finished (nothing unflushed was acknowledged)");
+            Err("interrupted during shutdown".into())
+        }
     }
 }
 
