@@ -58,6 +58,16 @@ wait_http() { # URL [seconds]
   return 1
 }
 
+wait_ready() { # URL [seconds]: until it answers 200 (a recovering PicoMQ answers 503)
+  local url=$1 limit=${2:-60} i
+  for ((i = 0; i < limit * 20; i++)); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$url")" = 200 ] && return 0
+    sleep 0.05
+  done
+  echo "$url not ready within ${limit}s" >&2
+  return 1
+}
+
 # start_picomq PORT [serve flags...]: sets SERVER_PID; data in $WORK/picomq-PORT.
 start_picomq() {
   local port=$1
@@ -68,7 +78,7 @@ start_picomq() {
   "$PICOMQ" serve --listen "127.0.0.1:$port" --data-dir "$dir" "$@" >"$dir.log" 2>&1 &
   SERVER_PID=$!
   PIDS+=("$SERVER_PID")
-  wait_http "http://127.0.0.1:$port/readyz"
+  wait_ready "http://127.0.0.1:$port/readyz"
   log "picomq $* on :$port (pid $SERVER_PID)"
 }
 
