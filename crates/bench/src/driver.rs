@@ -23,6 +23,8 @@ use crate::{proc, BenchError};
 
 /// Longest wait for one append's answer before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stream creation retries 503 answers (a server recovering or busy).
+const CREATE_RETRY_FOR: Duration = Duration::from_secs(30);
 /// After the last append, how long live readers get to receive what was acked.
 const LIVE_DRAIN_MAX: Duration = Duration::from_secs(5);
 
@@ -160,10 +162,19 @@ pub async fn create_streams(w: &Workload, target: &Target) -> Result<Option<Stri
             );
             async move {
                 let mut conn = conns[task].lock().await;
-                match conn
+                // A server still starting (or shedding load) answers 503: give it
+                // up to CREATE_RETRY_FOR before counting a failure.
+                let mut answer = conn
                     .send(Method::PUT, &paths[i], Some(&ct), &[], Bytes::new())
-                    .await
-                {
+                    .await;
+                let give_up = now_us() + CREATE_RETRY_FOR.as_micros() as u64;
+                while matches!(&answer, Ok(a) if a.status.as_u16() == 503) && now_us() < give_up {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    answer = conn
+                        .send(Method::PUT, &paths[i], Some(&ct), &[], Bytes::new())
+                        .await;
+                }
+                match answer {
                     Ok(a) if a.status.is_success() => {
                         if let Some(s) = a.header("server") {
                             server
