@@ -172,6 +172,18 @@ async fn ls_filters_by_prefix_and_pages() {
         .await;
     assert_eq!((r.code, r.json()), (0, serde_json::json!([])));
 
+    // Names are URL paths: a name typed with any characters, its listing, and the
+    // listed form all address the same stream.
+    assert_eq!(cli.run(&["create", "intl/caf\u{e9} menu"]).await.code, 0);
+    for prefix in ["intl/caf\u{e9}", "intl/caf%C3%A9", "intl/"] {
+        let r = cli.run(&["ls", "--prefix", prefix]).await;
+        assert_eq!(
+            r.stdout, "intl/caf%C3%A9%20menu\n",
+            "prefix {prefix}: {r:?}"
+        );
+    }
+    assert_eq!(cli.run(&["head", "intl/caf%C3%A9%20menu"]).await.code, 0);
+
     // Deleted streams leave the listing.
     assert_eq!(cli.run(&["rm", "team/a/s3"]).await.code, 0);
     let r = cli.run(&["ls", "--prefix", "team/a/"]).await;

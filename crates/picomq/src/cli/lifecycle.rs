@@ -5,7 +5,9 @@ use clap::Args;
 use picomq_client::{HttpMethod, Response};
 use serde_json::{json, Value};
 
-use super::{note, out, out_json, query_value, stream_path, CliResult, Conn, Ctx, Failure, Kind};
+use super::{
+    note, out, out_json, path_form, query_value, stream_path, CliResult, Conn, Ctx, Failure, Kind,
+};
 
 /// Seconds (`3600`) or a duration (`1h`, `90m`).
 fn ttl_secs(s: &str) -> Result<u64, String> {
@@ -188,7 +190,9 @@ const LISTING_PATH: &str = "/__picomq/streams";
 
 pub async fn ls(args: LsArgs) -> CliResult {
     let ctx = Ctx::new(&args.conn)?;
-    let mut after = args.after.clone();
+    // Names are listed in URL-path form, so the prefix and cursor are too.
+    let prefix = path_form(args.prefix.trim_start_matches('/'));
+    let mut after = path_form(args.after.trim_start_matches('/'));
     let mut printed: u64 = 0;
     let limit = args.limit.unwrap_or(u64::MAX);
     // JSON: one array, written as pages arrive so long listings stream.
@@ -199,7 +203,7 @@ pub async fn ls(args: LsArgs) -> CliResult {
         let page = (limit - printed).min(args.page_size as u64);
         let path = format!(
             "{LISTING_PATH}?prefix={}&after={}&limit={page}",
-            query_value(&args.prefix),
+            query_value(&prefix),
             query_value(&after)
         );
         let r = ctx.send(HttpMethod::GET, &path, &[], Bytes::new()).await?;

@@ -384,8 +384,12 @@ pub fn stream_path(name: &str) -> CliResult<String> {
     if name.is_empty() {
         return Err(Failure::new(Kind::Invalid, "the stream name is empty"));
     }
-    let mut path = String::with_capacity(name.len() + 1);
-    path.push('/');
+    Ok(format!("/{}", path_form(name)))
+}
+
+/// A name (or the start of one) as the server stores it: in URL-path form.
+pub fn path_form(name: &str) -> String {
+    let mut path = String::with_capacity(name.len());
     for b in name.bytes() {
         let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b);
         if keep {
@@ -394,7 +398,7 @@ pub fn stream_path(name: &str) -> CliResult<String> {
             path.push_str(&format!("%{b:02X}"));
         }
     }
-    Ok(path)
+    path
 }
 
 /// Percent-encodes a query parameter value.
@@ -464,6 +468,7 @@ mod tests {
         assert_eq!(stream_path("a%20b").unwrap(), "/a%20b");
         assert!(stream_path("/").is_err());
         assert_eq!(query_value("a/b c+"), "a%2Fb%20c%2B");
+        assert_eq!(path_form("caf\u{e9}/"), "caf%C3%A9/");
     }
 
     #[test]

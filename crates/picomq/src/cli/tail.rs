@@ -176,6 +176,8 @@ impl Follower<'_> {
 
     /// A transient failure: wait and retry, unless it has lasted `--retry-for`.
     async fn retry(&mut self, why: String) -> CliResult {
+        // One warning per outage, not one per attempt.
+        let first_failure = self.failing_since.is_none();
         let since = *self.failing_since.get_or_insert_with(Instant::now);
         if since.elapsed() >= self.retry_for {
             return Err(Failure::new(
@@ -187,7 +189,7 @@ impl Follower<'_> {
                 ),
             ));
         }
-        if self.backoff_is_fresh() {
+        if first_failure {
             warn(
                 self.ctx,
                 format!("{why}; reconnecting from offset {}", self.offset),
@@ -195,11 +197,6 @@ impl Follower<'_> {
         }
         self.backoff.wait().await;
         Ok(())
-    }
-
-    fn backoff_is_fresh(&self) -> bool {
-        self.failing_since
-            .is_some_and(|s| s.elapsed() < Duration::from_millis(10))
     }
 
     fn connected(&mut self) {
