@@ -194,6 +194,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let (listener, recovering) = serve_while_recovering(listener)?;
+    // The admin port too: liveness probes pointed at it pass during a long recovery.
+    let admin_port = match args.storage.admin_listen {
+        Some(addr) => {
+            let admin_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("--admin-listen {addr}: {e}"))?;
+            Some(serve_while_recovering(admin_listener)?)
+        }
+        None => None,
+    };
     tracing::info!(listen = %local, store = %store_url, meta = %meta_url, "recovering");
     let engine = tokio::select! {
         r = Engine::open_instrumented(config, opened.store, opened.stats, meta) => r.map_err(|e| format!("recovery failed: {e}"))?,
@@ -203,6 +213,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
     };
     recovering.stop().await;
+    let admin_port = match admin_port {
+        Some((admin_listener, recovering)) => {
+            recovering.stop().await;
+            Some(admin_listener)
+        }
+        None => None,
+    };
     let (trigger, shutdown) = ShutdownSignal::new();
     let http = HttpConfig {
         long_poll_timeout: args.long_poll_timeout,
@@ -210,10 +227,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         shutdown: shutdown.clone(),
     };
     let (app, admin) = picomq_http::routers(engine.clone(), http);
-    if let Some(addr) = args.storage.admin_listen {
-        let admin_listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("--admin-listen {addr}: {e}"))?;
+    if let Some(admin_listener) = admin_port {
+        let addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(admin_listen = %addr, "serving /metrics, /healthz and /readyz");
         let stop = shutdown.clone();
         tokio::spawn(async move {
