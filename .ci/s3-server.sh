@@ -23,7 +23,8 @@ case "$cmd" in
 start)
   mkdir -p "$dir/root"
   dir=$(cd "$dir" && pwd)
-  (cd "$ROOT" && cargo build --release -p picomq-s3-test-server)
+  # The whole workspace, so features unify as in the main build (a no-op after it).
+  (cd "$ROOT" && cargo build --release --workspace)
   target=${CARGO_TARGET_DIR:-$ROOT/target}
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   "$target/release/picomq-s3-test-server" --listen "127.0.0.1:$port" --root "$dir/root" \
