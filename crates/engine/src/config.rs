@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// How often the node checks the bucket for a newer process that fenced it
     /// (one HEAD request each time); `None` = only learn it on the next write.
     pub fence_check_interval: Option<Duration>,
+    /// How often the metadata is checkpointed into the object store (when it changed
+    /// since the last checkpoint); `None` = never. See `checkpoint`.
+    pub checkpoint_interval: Option<Duration>,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
 }
@@ -106,6 +109,7 @@ impl Default for EngineConfig {
             stream_seq_bytes_max: 256,
             producers_per_stream_max: 10_000,
             fence_check_interval: Some(Duration::from_secs(10)),
+            checkpoint_interval: Some(Duration::from_secs(300)),
             cost: CostConfig::default(),
         }
     }

@@ -4,6 +4,7 @@
 //! Layers, top to bottom: `stream` (registry, sequencers, reads), `wal` + `indexer` +
 //! `recovery` (the storage engine), `store` + `meta` (backends).
 
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod fencing;

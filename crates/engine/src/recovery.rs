@@ -9,6 +9,11 @@
 //! create-only, so the gap stays a gap forever: a late upload from the old process
 //! (a zombie) fails with AlreadyExists and that process learns it is fenced.
 //! Epochs that were claimed (see `fencing`) but never wrote are sealed at 0.
+//!
+//! A node whose metadata database is empty, or older than the newest metadata
+//! checkpoint in the bucket (see `checkpoint`), first restores that checkpoint and
+//! replays only the WAL after it. That is what makes deleting WAL objects below a
+//! durable checkpoint safe: replay never starts below the newest checkpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,9 +22,10 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
+use crate::checkpoint;
 use crate::error::{EngineError, Result};
 use crate::fencing;
-use crate::meta::Meta;
+use crate::meta::{Meta, Watermark};
 use crate::wal::format::{self, SEAL_MAGIC};
 use crate::wal::{FlushedChunk, FlushedObject};
 
@@ -29,10 +35,11 @@ pub struct Recovered {
     pub objects_replayed: u64,
     /// Total size of the WAL objects listed, for the storage-cost estimate.
     pub listed_bytes: u64,
+    /// The checkpoint the metadata was restored from, if it was.
+    pub restored_from: Option<Watermark>,
 }
 
 pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> {
-    let watermark = meta.watermark().await?;
     // Claim first, list after: every epoch below ours is then visible to us.
     let mut epoch = fencing::claim(store, meta.node_epoch().await? + 1).await?;
     let (epochs, listed_bytes) = loop {
@@ -59,6 +66,13 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             _ => break (epochs, listed_bytes),
         }
     };
+    // A checkpoint past our own watermark describes everything before it, and is the
+    // only description once the WAL below it is deleted: start from it.
+    let mut watermark = meta.watermark().await?;
+    let restored_from = checkpoint::restore_newest(store, meta, watermark).await?;
+    if restored_from.is_some() {
+        watermark = restored_from;
+    }
     let mut replayed = 0;
     for (&e, seqs) in &epochs {
         let mut seq = match watermark {
@@ -86,6 +100,7 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
         epoch,
         objects_replayed: replayed,
         listed_bytes,
+        restored_from,
     })
 }
 

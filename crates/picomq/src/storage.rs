@@ -36,6 +36,11 @@ pub struct StorageArgs {
     /// one, at one HEAD request per check; 0 = learn it only on the next write.
     #[arg(long, env = "PICOMQ_FENCE_CHECK_INTERVAL", default_value = "10s", value_parser = duration)]
     pub fence_check_interval: Duration,
+    /// How often the metadata database is checkpointed into the object store (when
+    /// it changed), so a node with an empty data directory restores it from one object
+    /// instead of replaying every WAL object; 0 = never.
+    #[arg(long, env = "PICOMQ_CHECKPOINT_INTERVAL", default_value = "5m", value_parser = duration)]
+    pub checkpoint_interval: Duration,
     /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
     /// in /metrics; default: S3 Standard us-east-1).
     #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
@@ -58,6 +63,8 @@ impl StorageArgs {
         config.wal.store_down_after = self.store_down_after;
         config.fence_check_interval =
             (!self.fence_check_interval.is_zero()).then_some(self.fence_check_interval);
+        config.checkpoint_interval =
+            (!self.checkpoint_interval.is_zero()).then_some(self.checkpoint_interval);
         config.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

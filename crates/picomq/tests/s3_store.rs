@@ -161,11 +161,33 @@ async fn second_process_on_the_same_data_dir_fences_the_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn node_rebuilds_every_stream_from_the_bucket_alone() {
+    rebuild_from_bucket(false).await;
+}
+
+/// The same, with a metadata checkpoint in between and every WAL object it covers
+/// deleted from the bucket (what GC will do): the new node can only get the state
+/// before the checkpoint from the checkpoint, and the rest from the WAL after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_rebuilds_from_a_checkpoint_and_the_wal_after_it() {
+    rebuild_from_bucket(true).await;
+}
+
+async fn rebuild_from_bucket(checkpoint: bool) {
     let s3 = shared_s3();
-    let store = url(s3, BUCKET, "rebuild");
-    let dir = TempDir::new("rebuild-old");
-    let mut old = Server::start(dir.path(), &["--store", &store]).await;
-    let c = old.client.clone();
+    let tag = if checkpoint {
+        "rebuild-ckpt"
+    } else {
+        "rebuild"
+    };
+    let store = url(s3, BUCKET, tag);
+    let dir = TempDir::new(&format!("{tag}-old"));
+    let interval = if checkpoint { "200ms" } else { "0" };
+    let mut old = Server::start(
+        dir.path(),
+        &["--store", &store, "--checkpoint-interval", interval],
+    )
+    .await;
+    let mut c = old.client.clone();
     assert_eq!(put(&c, "/plain", TEXT, "hello ").await, 201);
     assert_eq!(post(&c, "/plain", TEXT, "world").await, 204);
     assert_eq!(put(&c, "/closed", TEXT, "all").await, 201);
@@ -217,16 +239,41 @@ async fn node_rebuilds_every_stream_from_the_bucket_alone() {
     assert_eq!(put(&c, "/prod", TEXT, "").await, 201);
     assert_eq!(post(&c, "/prod", &producer("0"), "p0").await, 200);
     assert_eq!(post(&c, "/prod", &producer("1"), "p1").await, 200);
+    let mut plain_before_bang = String::new();
+    if checkpoint {
+        // Wait for a checkpoint of everything above (no new one for 1 s), then
+        // change things after it (an append, a create, a delete) on a restarted node
+        // that writes no checkpoints.
+        let mut last = (0.0, Instant::now());
+        while last.0 < 1.0 || last.1.elapsed() < Duration::from_secs(1) {
+            let n = metric(&c, "picomq_checkpoints_total").await;
+            if n != last.0 {
+                last = (n, Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        old.terminate(Duration::from_secs(20));
+        old = Server::start(
+            dir.path(),
+            &["--store", &store, "--checkpoint-interval", "0"],
+        )
+        .await;
+        c = old.client.clone();
+        plain_before_bang = c
+            .head("/plain")
+            .await
+            .unwrap()
+            .header("stream-next-offset")
+            .unwrap()
+            .to_string();
+        assert_eq!(post(&c, "/plain", TEXT, "!").await, 204);
+        assert_eq!(put(&c, "/after", TEXT, "late").await, 201);
+        assert_eq!(c.delete("/ttl").await.unwrap().status.as_u16(), 204);
+    }
     let mut before = Vec::new();
-    for p in [
-        "/plain",
-        "/closed",
-        "/ttl",
-        "/json",
-        "/fork",
-        "/prod",
-        "/src-fork",
-    ] {
+    let mut streams = vec!["/plain", "/closed", "/json", "/fork", "/prod", "/src-fork"];
+    streams.push(if checkpoint { "/after" } else { "/ttl" });
+    for p in streams {
         let r = c.head(p).await.unwrap();
         before.push((p, r.header("stream-next-offset").unwrap().to_string()));
     }
@@ -234,7 +281,11 @@ async fn node_rebuilds_every_stream_from_the_bucket_alone() {
     old.terminate(Duration::from_secs(20));
     drop(old);
     std::fs::remove_dir_all(dir.path()).unwrap();
-    let fresh = TempDir::new("rebuild-new");
+    if checkpoint {
+        let deleted = delete_wal_below_newest_checkpoint(&store).await;
+        assert!(deleted > 0, "the checkpoint covered no WAL object");
+    }
+    let fresh = TempDir::new(&format!("{tag}-new"));
     let new = Server::start(fresh.path(), &["--store", &store]).await;
     let c = new.client.clone();
     for (p, offset) in &before {
@@ -246,19 +297,42 @@ async fn node_rebuilds_every_stream_from_the_bucket_alone() {
             "{p} offset"
         );
     }
-    assert_eq!(read_all(&c, "/plain").await, b"hello world");
-    assert_eq!(read_all(&c, "/fork").await, b"hello world+fork");
-    assert_eq!(read_all(&c, "/src-fork").await, b"src-data");
-    assert_eq!(read_all(&c, "/json").await, br#"[{"a":1},{"b":2}]"#);
+    if checkpoint {
+        // Everything before the checkpoint came from it (its WAL objects are gone, and
+        // with them the bytes: GC may only delete data that compaction has copied);
+        // only the WAL after the checkpoint was replayed.
+        let replayed = metric(&c, "picomq_recovery_objects_replayed").await;
+        assert!(
+            (1.0..=3.0).contains(&replayed),
+            "replayed {replayed} WAL objects, expected only the 3 after the checkpoint"
+        );
+        assert_eq!(metric(&c, "picomq_recovery_checkpoint_restored").await, 1.0);
+        let r = c
+            .get(&format!("/plain?offset={plain_before_bang}"))
+            .await
+            .unwrap();
+        assert_eq!(r.body.as_ref(), b"!");
+    } else {
+        assert_eq!(metric(&c, "picomq_recovery_checkpoint_restored").await, 0.0);
+        assert_eq!(read_all(&c, "/plain").await, b"hello world");
+        assert_eq!(read_all(&c, "/fork").await, b"hello world+fork");
+        assert_eq!(read_all(&c, "/src-fork").await, b"src-data");
+        assert_eq!(read_all(&c, "/json").await, br#"[{"a":1},{"b":2}]"#);
+    }
     assert_eq!(
         c.head("/closed").await.unwrap().header("stream-closed"),
         Some("true")
     );
     assert_eq!(post(&c, "/closed", TEXT, "more").await, 409);
-    assert_eq!(
-        c.head("/ttl").await.unwrap().header("stream-ttl"),
-        Some("3600")
-    );
+    if checkpoint {
+        assert_eq!(read_all(&c, "/after").await, b"late");
+        assert_eq!(c.head("/ttl").await.unwrap().status.as_u16(), 404);
+    } else {
+        assert_eq!(
+            c.head("/ttl").await.unwrap().header("stream-ttl"),
+            Some("3600")
+        );
+    }
     assert_eq!(
         c.head("/gone").await.unwrap().status.as_u16(),
         404,
@@ -275,7 +349,54 @@ async fn node_rebuilds_every_stream_from_the_bucket_alone() {
     );
     assert_eq!(post(&c, "/prod", &producer("3"), "p3").await, 409);
     assert_eq!(post(&c, "/prod", &producer("2"), "p2").await, 200);
-    assert_eq!(read_all(&c, "/prod").await, b"p0p1p2");
+    if !checkpoint {
+        assert_eq!(read_all(&c, "/prod").await, b"p0p1p2");
+    }
+}
+
+/// Deletes every WAL object older than the newest checkpoint's watermark, as GC
+/// will once it exists; returns how many it deleted.
+async fn delete_wal_below_newest_checkpoint(store_url: &str) -> usize {
+    use futures::TryStreamExt;
+    use picomq_engine::store::{ObjectPath as Path, ObjectStore, ObjectStoreExt};
+    let store = picomq_engine::store::open(store_url).unwrap();
+    let keys = |prefix: &'static str| {
+        let store = store.clone();
+        async move {
+            let found: Vec<Path> = store
+                .list(Some(&Path::from(prefix)))
+                .map_ok(|o| o.location)
+                .try_collect()
+                .await
+                .unwrap();
+            found
+        }
+    };
+    let newest = keys("checkpoints")
+        .await
+        .into_iter()
+        .max()
+        .expect("a checkpoint");
+    // checkpoints/{epoch:010}-{seq:012}.ckpt covers wal/{epoch:010}/{seq:012} and below.
+    let name = newest
+        .filename()
+        .unwrap()
+        .trim_end_matches(".ckpt")
+        .to_string();
+    let (epoch, seq) = name.split_once('-').unwrap();
+    let covered_below = format!("{epoch}/{seq}");
+    let mut deleted = 0;
+    for key in keys("wal").await {
+        let rest = key
+            .as_ref()
+            .trim_start_matches("wal/")
+            .trim_end_matches(".wal");
+        if rest < covered_below.as_str() {
+            store.delete(&key).await.unwrap();
+            deleted += 1;
+        }
+    }
+    deleted
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

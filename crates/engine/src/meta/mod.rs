@@ -29,6 +29,8 @@ macro_rules! stream_select {
 }
 
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/sqlite/0001_init.sql"))];
+/// The schema version this binary writes: the last migration.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// A stream's row: its configuration and its state as of the last indexed op.
 #[derive(Clone, Debug)]
@@ -102,6 +104,11 @@ impl Meta {
             .fetch_one(&self.pool)
             .await?
             .get(0);
+        if current > SCHEMA_VERSION {
+            return Err(EngineError::Internal(format!(
+                "metadata schema version {current} is newer than this binary's ({SCHEMA_VERSION}): upgrade PicoMQ"
+            )));
+        }
         for (version, sql) in MIGRATIONS {
             if *version > current {
                 let mut tx = self.pool.begin().await?;
@@ -264,6 +271,89 @@ impl Meta {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Writes a consistent copy of the whole database to `path` (which must not
+    /// exist) and returns the watermark that copy reflects.
+    pub async fn snapshot_into(&self, path: &std::path::Path) -> Result<Option<Watermark>> {
+        let target = path
+            .to_str()
+            .ok_or_else(|| EngineError::Internal(format!("snapshot path {path:?} is not UTF-8")))?;
+        // One read transaction: the copy is a single point in the index's history.
+        sqlx::query("VACUUM INTO ?")
+            .bind(target)
+            .execute(&self.pool)
+            .await?;
+        let copy = Meta::open_file(path, true).await?;
+        let watermark = copy.watermark().await;
+        copy.pool.close().await;
+        watermark
+    }
+
+    /// Replaces every row of this database with the rows of the database file at
+    /// `path` (a snapshot from [`Meta::snapshot_into`], possibly of an older schema,
+    /// which is migrated first). One transaction: on failure nothing changes.
+    pub async fn restore_from(&self, path: &std::path::Path) -> Result<Option<Watermark>> {
+        let source = Meta::open_file(path, false).await?;
+        source.pool.close().await;
+        let path = path
+            .to_str()
+            .ok_or_else(|| EngineError::Internal(format!("snapshot path {path:?} is not UTF-8")))?;
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("ATTACH DATABASE ? AS snapshot")
+            .bind(path)
+            .execute(&mut *conn)
+            .await?;
+        let copied = async {
+            let tables: Vec<String> = sqlx::query(
+                "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name != 'schema_version'",
+            )
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            for table in &tables {
+                // Names come from sqlite_master of our own schema, not from input.
+                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM main.\"{table}\"")))
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO main.\"{table}\" SELECT * FROM snapshot.\"{table}\""
+                )))
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok::<_, EngineError>(())
+        }
+        .await;
+        let detached = sqlx::query("DETACH DATABASE snapshot")
+            .execute(&mut *conn)
+            .await;
+        copied?;
+        detached?;
+        drop(conn);
+        self.watermark().await
+    }
+
+    /// Opens a database file on its own (one connection), migrating it unless
+    /// `read_only`.
+    async fn open_file(path: &std::path::Path, read_only: bool) -> Result<Meta> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(read_only)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await?;
+        let meta = Meta { pool };
+        if !read_only {
+            meta.migrate().await?;
+        }
+        Ok(meta)
     }
 
     pub async fn stream_by_name(&self, name: &str) -> Result<Option<StreamRow>> {

@@ -14,7 +14,8 @@ use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
-pub use object_store::ObjectStore;
+pub use object_store::path::Path as ObjectPath;
+pub use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::error::{EngineError, Result};
 

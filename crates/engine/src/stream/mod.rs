@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use self::handle::{DurableView, Lifecycle, StreamConfig, StreamHandle};
 use self::producer::{ProducerState, Verdict};
 use self::registry::Registry;
+use crate::checkpoint::CheckpointStats;
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::indexer::{self, IndexerProgress};
@@ -182,6 +183,9 @@ struct Inner {
     counters: ServiceCounters,
     /// When an at-capacity request last swept for early evictions (ms since epoch).
     pressure_sweep_ms: AtomicU64,
+    checkpoints: Arc<CheckpointStats>,
+    /// What recovery did at start: WAL objects replayed, checkpoint restored.
+    recovered: (u64, bool),
 }
 
 /// The storage engine and stream service of one node.
@@ -248,6 +252,7 @@ impl Engine {
         tracing::info!(
             epoch = recovered.epoch,
             replayed = recovered.objects_replayed,
+            checkpoint = recovered.restored_from.map(crate::checkpoint::key),
             "recovered from the object store"
         );
         let next_id = meta.next_stream_id().await?;
@@ -274,6 +279,11 @@ impl Engine {
             store_stats,
             counters: ServiceCounters::default(),
             pressure_sweep_ms: AtomicU64::new(0),
+            checkpoints: Arc::default(),
+            recovered: (
+                recovered.objects_replayed,
+                recovered.restored_from.is_some(),
+            ),
         });
         let engine = Engine { inner };
         let sweeper = tokio::spawn(engine.clone().sweep_loop());
@@ -287,6 +297,17 @@ impl Engine {
                 wal.fence();
             });
             engine.inner.tasks.lock().expect("tasks lock").push(watcher);
+        }
+        if let Some(interval) = engine.inner.config.checkpoint_interval {
+            let task = tokio::spawn(crate::checkpoint::run(
+                engine.inner.store.clone(),
+                engine.inner.meta.clone(),
+                interval,
+                engine.inner.wal.health(),
+                engine.inner.checkpoints.clone(),
+                engine.inner.meta.watermark().await?,
+            ));
+            engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
         Ok(engine)
     }
@@ -1565,6 +1586,43 @@ impl Engine {
                 if s == state { 1.0 } else { 0.0 },
             );
         }
+        let ck = &self.inner.checkpoints;
+        out.single(
+            "picomq_checkpoints_total",
+            "counter",
+            "Metadata checkpoints written into the object store.",
+            ck.written.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_checkpoint_failures_total",
+            "counter",
+            "Metadata checkpoints that failed to write (retried at the next interval).",
+            ck.failures.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_checkpoint_bytes",
+            "gauge",
+            "Size of the last metadata checkpoint written, in bytes.",
+            ck.last_bytes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_checkpoint_last_timestamp_seconds",
+            "gauge",
+            "When the last metadata checkpoint was written (Unix time; 0 = none yet).",
+            ck.last_written_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+        )
+        .single(
+            "picomq_recovery_objects_replayed",
+            "gauge",
+            "WAL objects replayed into the metadata at start.",
+            self.inner.recovered.0 as f64,
+        )
+        .single(
+            "picomq_recovery_checkpoint_restored",
+            "gauge",
+            "1 if the metadata was restored from a checkpoint in the object store at start.",
+            f64::from(u8::from(self.inner.recovered.1)),
+        );
         out.single(
             "picomq_index_failures_total",
             "counter",

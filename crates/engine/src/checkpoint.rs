@@ -1,0 +1,333 @@
+//! Metadata checkpoints: a consistent copy of the metadata database, written into
+//! the object store, so a node with an empty data directory (or one too far behind
+//! what the WAL still holds) restores the index from one object and replays only the
+//! WAL written after it.
+//!
+//! Object format (all integers little-endian), key
+//! `checkpoints/{epoch:010}-{next_seq:012}.ckpt` named by the watermark it reflects,
+//! so the newest sorts last:
+//!
+//! ```text
+//! magic "PMQC" | version:u8 = 1 | reserved:[u8; 3]
+//! watermark epoch:u64 | watermark next_seq:u64 | schema version:u64
+//! database length:u64 | database bytes (an SQLite file)
+//! crc32c:u32 of everything before it
+//! ```
+//!
+//! Written create-only: two writers of the same watermark wrote the same state, so
+//! `AlreadyExists` just means it is already there. See docs/object-storage.md.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use tokio::sync::watch;
+
+use crate::error::{EngineError, Result};
+use crate::meta::{Meta, Watermark, SCHEMA_VERSION};
+use crate::wal::WalHealth;
+
+const MAGIC: &[u8; 4] = b"PMQC";
+const VERSION: u8 = 1;
+const HEADER_LEN: usize = 4 + 4 + 8 * 4;
+const PREFIX: &str = "checkpoints";
+/// Checkpoints kept: the newest, and one before it in case the newest is unreadable.
+const KEEP: usize = 2;
+
+/// Counters for /metrics.
+#[derive(Default)]
+pub struct CheckpointStats {
+    pub written: AtomicU64,
+    pub failures: AtomicU64,
+    /// Size of the last checkpoint written, in bytes.
+    pub last_bytes: AtomicU64,
+    /// Milliseconds since the Unix epoch of the last checkpoint written.
+    pub last_written_ms: AtomicU64,
+}
+
+pub fn key(w: Watermark) -> String {
+    format!("{PREFIX}/{:010}-{:012}.ckpt", w.epoch, w.next_seq)
+}
+
+fn parse_key(key: &str) -> Option<Watermark> {
+    let name = key.strip_prefix(PREFIX)?.strip_prefix('/')?;
+    let (epoch, rest) = name.strip_suffix(".ckpt")?.split_once('-')?;
+    Some(Watermark {
+        epoch: epoch.parse().ok()?,
+        next_seq: rest.parse().ok()?,
+    })
+}
+
+pub fn encode(w: Watermark, schema_version: i64, database: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(HEADER_LEN + database.len() + 4);
+    out.put_slice(MAGIC);
+    out.put_u8(VERSION);
+    out.put_bytes(0, 3);
+    out.put_u64_le(w.epoch);
+    out.put_u64_le(w.next_seq);
+    out.put_u64_le(schema_version as u64);
+    out.put_u64_le(database.len() as u64);
+    out.put_slice(database);
+    let crc = crc32c::crc32c(&out);
+    out.put_u32_le(crc);
+    out.freeze()
+}
+
+pub struct Decoded {
+    pub watermark: Watermark,
+    pub schema_version: i64,
+    pub database: Bytes,
+}
+
+pub fn decode(bytes: &Bytes) -> std::result::Result<Decoded, String> {
+    if bytes.len() < HEADER_LEN + 4 || &bytes[..4] != MAGIC {
+        return Err("not a checkpoint (bad magic or too short)".into());
+    }
+    if bytes[4] != VERSION {
+        return Err(format!("unknown checkpoint version {}", bytes[4]));
+    }
+    let body_len = bytes.len() - 4;
+    let crc = u32::from_le_bytes(bytes[body_len..].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&bytes[..body_len]) != crc {
+        return Err("checksum mismatch".into());
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let db_len = u64_at(32) as usize;
+    if HEADER_LEN + db_len != body_len {
+        return Err(format!(
+            "database length {db_len} does not match the object size"
+        ));
+    }
+    Ok(Decoded {
+        watermark: Watermark {
+            epoch: u64_at(8),
+            next_seq: u64_at(16),
+        },
+        schema_version: u64_at(24) as i64,
+        database: bytes.slice(HEADER_LEN..body_len),
+    })
+}
+
+/// A file in the temp directory, removed when dropped (also when the task writing it
+/// is aborted).
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(what: &str) -> TempFile {
+        TempFile(std::env::temp_dir().join(format!(
+            "picomq-{what}-{}-{:016x}.sqlite",
+            std::process::id(),
+            fastrand::u64(..)
+        )))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = self.0.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Writes a checkpoint of `meta` unless one at the same watermark exists; returns its
+/// watermark (`None`: nothing indexed yet, nothing written).
+pub async fn write(store: &dyn ObjectStore, meta: &Meta) -> Result<Option<(Watermark, u64)>> {
+    let file = TempFile::new("checkpoint");
+    let Some(watermark) = meta.snapshot_into(&file.0).await? else {
+        return Ok(None);
+    };
+    let database = tokio::fs::read(&file.0)
+        .await
+        .map_err(|e| EngineError::Internal(format!("reading the metadata snapshot: {e}")))?;
+    drop(file);
+    let object = encode(watermark, SCHEMA_VERSION, &database);
+    let size = object.len() as u64;
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store
+        .put_opts(&Path::from(key(watermark)), PutPayload::from(object), opts)
+        .await
+    {
+        Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    prune(store).await?;
+    Ok(Some((watermark, size)))
+}
+
+/// Checkpoint watermarks in the store, oldest first.
+async fn list(store: &dyn ObjectStore) -> Result<Vec<Watermark>> {
+    let mut found: Vec<Watermark> = store
+        .list(Some(&Path::from(PREFIX)))
+        .try_filter_map(|o| async move { Ok(parse_key(o.location.as_ref())) })
+        .try_collect()
+        .await?;
+    found.sort();
+    Ok(found)
+}
+
+/// Deletes all but the newest [`KEEP`] checkpoints.
+async fn prune(store: &dyn ObjectStore) -> Result<()> {
+    let found = list(store).await?;
+    for old in found.iter().rev().skip(KEEP) {
+        match store.delete(&Path::from(key(*old))).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Restores `meta` from the newest readable checkpoint whose watermark is past
+/// `after` (any, if `None`). Returns the restored watermark, or `None` if there is
+/// no such checkpoint. Unreadable checkpoints are skipped with a warning.
+pub async fn restore_newest(
+    store: &dyn ObjectStore,
+    meta: &Meta,
+    after: Option<Watermark>,
+) -> Result<Option<Watermark>> {
+    for candidate in list(store).await?.into_iter().rev() {
+        if after.is_some_and(|a| candidate <= a) {
+            break;
+        }
+        let key = key(candidate);
+        let bytes = match store.get(&Path::from(key.as_str())).await {
+            Ok(got) => got.bytes().await?,
+            // Pruned by another process between the listing and now.
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let decoded = match decode(&bytes) {
+            Ok(d) if d.watermark == candidate => d,
+            Ok(_) => {
+                tracing::warn!(key, "checkpoint watermark does not match its key; skipped");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(key, error = %e, "unreadable checkpoint; skipped");
+                continue;
+            }
+        };
+        if decoded.schema_version > SCHEMA_VERSION {
+            return Err(EngineError::Internal(format!(
+                "checkpoint {key} has metadata schema {} but this binary knows only up to {SCHEMA_VERSION}: upgrade PicoMQ",
+                decoded.schema_version
+            )));
+        }
+        let file = TempFile::new("restore");
+        tokio::fs::write(&file.0, &decoded.database)
+            .await
+            .map_err(|e| EngineError::Internal(format!("writing {key} to a temp file: {e}")))?;
+        let restored = meta.restore_from(&file.0).await?;
+        if restored != Some(candidate) {
+            return Err(EngineError::Internal(format!(
+                "checkpoint {key} restored to watermark {restored:?}, expected {candidate:?}"
+            )));
+        }
+        tracing::info!(
+            key,
+            bytes = bytes.len(),
+            "metadata restored from checkpoint"
+        );
+        return Ok(restored);
+    }
+    Ok(None)
+}
+
+/// Writes a checkpoint every `interval` while the index has moved on since the last
+/// one. Stops once the node is fenced or shut down: only the bucket's writer
+/// checkpoints.
+pub async fn run(
+    store: Arc<dyn ObjectStore>,
+    meta: Meta,
+    interval: Duration,
+    mut health: watch::Receiver<WalHealth>,
+    stats: Arc<CheckpointStats>,
+    mut last: Option<Watermark>,
+) {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if matches!(
+            *health.borrow_and_update(),
+            WalHealth::Fenced | WalHealth::Stopped
+        ) {
+            return;
+        }
+        match meta.watermark().await {
+            Ok(current) if current.is_some() && current != last => {}
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the metadata watermark failed");
+                continue;
+            }
+        }
+        match write(&*store, &meta).await {
+            Ok(Some((w, size))) => {
+                last = Some(w);
+                stats.written.fetch_add(1, Ordering::Relaxed);
+                stats.last_bytes.store(size, Ordering::Relaxed);
+                stats
+                    .last_written_ms
+                    .store(crate::stream::now_ms(), Ordering::Relaxed);
+                tracing::debug!(key = key(w), bytes = size, "metadata checkpoint written");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "writing a metadata checkpoint failed; will retry");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trip_and_corruption_is_detected() {
+        let w = Watermark {
+            epoch: 3,
+            next_seq: 17,
+        };
+        let bytes = encode(w, 1, b"sqlite bytes");
+        let d = decode(&bytes).expect("decodes");
+        assert_eq!(d.watermark, w);
+        assert_eq!(d.schema_version, 1);
+        assert_eq!(&d.database[..], b"sqlite bytes");
+        for i in [0, 5, 9, 33, 45, bytes.len() - 1] {
+            let mut bad = bytes.to_vec();
+            bad[i] ^= 0x40;
+            assert!(decode(&Bytes::from(bad)).is_err(), "flip at {i} undetected");
+        }
+        assert!(decode(&bytes.slice(..bytes.len() - 3)).is_err());
+    }
+
+    #[test]
+    fn keys_sort_by_watermark_and_parse_back() {
+        let a = Watermark {
+            epoch: 2,
+            next_seq: 999,
+        };
+        let b = Watermark {
+            epoch: 10,
+            next_seq: 0,
+        };
+        assert!(key(a) < key(b));
+        assert_eq!(parse_key(&key(a)), Some(a));
+        assert_eq!(parse_key("checkpoints/x-1.ckpt"), None);
+        assert_eq!(parse_key("wal/0000000001/000000000001.wal"), None);
+    }
+}
