@@ -22,7 +22,7 @@ async fn concurrent_appends_across_streams_share_writes() {
         assert_eq!(r.status.as_u16(), 201);
     }
     let puts_before = metric(&server.client, "picomq_wal_objects_written_total").await;
-    let files_before = wal_files(dir.path());
+    let files_before = server.count_objects("wal", ".wal").await;
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         let client = server.client.clone();
@@ -45,7 +45,7 @@ async fn concurrent_appends_across_streams_share_writes() {
     }
     let appends = (CLIENTS * PER_CLIENT) as f64;
     let puts = metric(&server.client, "picomq_wal_objects_written_total").await - puts_before;
-    let files = wal_files(dir.path()) - files_before;
+    let files = server.count_objects("wal", ".wal").await - files_before;
     eprintln!("{appends} appends from {CLIENTS} clients on {CLIENTS} streams -> {puts} WAL objects ({files} files)");
     assert_eq!(puts as usize, files, "metric and the bucket disagree");
     assert!(puts > 0.0);
@@ -58,25 +58,6 @@ async fn concurrent_appends_across_streams_share_writes() {
         let data = support::read_all(&server.client, &format!("/gc/{c}")).await;
         assert_eq!(String::from_utf8(data).unwrap().lines().count(), PER_CLIENT);
     }
-}
-
-fn wal_files(data_dir: &std::path::Path) -> usize {
-    let wal = data_dir.join("objects").join("wal");
-    let Ok(epochs) = std::fs::read_dir(&wal) else {
-        return 0;
-    };
-    epochs
-        .flatten()
-        .map(|e| {
-            std::fs::read_dir(e.path())
-                .map(|d| {
-                    d.flatten()
-                        .filter(|f| f.file_name().to_string_lossy().ends_with(".wal"))
-                        .count()
-                })
-                .unwrap_or(0)
-        })
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

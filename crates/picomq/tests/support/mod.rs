@@ -1,6 +1,10 @@
 //! Shared helpers for integration tests: start the real `picomq` binary on an
 //! ephemeral port with its own data directory, wait until it is ready, kill it
 //! (SIGKILL or SIGTERM) and start it again on the same data.
+//!
+//! `PICOMQ_TEST_STORE=s3` runs every server these helpers start (unless a test picks
+//! its own `--store`) on a real S3-compatible server, the in-process s3s-fs test
+//! server, instead of the local directory: CI runs the suite both ways.
 #![allow(dead_code)]
 
 pub mod cli;
@@ -8,6 +12,7 @@ pub mod cli;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use picomq_client::Client;
@@ -45,6 +50,44 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+const S3_BUCKET: &str = "picomq-tests";
+
+/// The test store chosen by `PICOMQ_TEST_STORE`: `None` = the local directory.
+fn test_s3() -> Option<&'static picomq_s3_test_server::S3Server> {
+    static S3: OnceLock<Option<picomq_s3_test_server::S3Server>> = OnceLock::new();
+    S3.get_or_init(|| match std::env::var("PICOMQ_TEST_STORE").as_deref() {
+        Err(_) | Ok("") | Ok("local") => None,
+        Ok("s3") => {
+            let root = std::env::temp_dir().join(format!("picomq-test-s3-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(&root).expect("s3 root");
+            Some(
+                picomq_s3_test_server::start_in_background(&root, &[S3_BUCKET])
+                    .expect("start the S3 test server"),
+            )
+        }
+        Ok(other) => panic!("PICOMQ_TEST_STORE={other:?}: expected \"s3\" or \"local\""),
+    })
+    .as_ref()
+}
+
+/// The store URL a server on `data_dir` uses: a prefix of the S3 test bucket named
+/// after the data directory (so a restart on the same directory finds its data), or
+/// the local directory under it.
+pub fn store_url_for(data_dir: &Path) -> String {
+    match test_s3() {
+        Some(s3) => format!(
+            "s3://{S3_BUCKET}/{}?endpoint={}&region={}&access_key_id={}&secret_access_key={}&allow_http=true",
+            data_dir.file_name().expect("data dir name").to_string_lossy(),
+            s3.endpoint(),
+            picomq_s3_test_server::REGION,
+            picomq_s3_test_server::ACCESS_KEY,
+            picomq_s3_test_server::SECRET_KEY,
+        ),
+        None => format!("file://{}", data_dir.join("objects").display()),
+    }
+}
+
 pub struct Server {
     pub port: u16,
     pub url: String,
@@ -55,7 +98,48 @@ pub struct Server {
     log: PathBuf,
 }
 
+/// `extra`, preceded by `--store` for the test store unless `extra` names one.
+fn store_args(data_dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = Vec::new();
+    let own_store = extra
+        .iter()
+        .any(|a| *a == "--store" || a.starts_with("--store="));
+    if !own_store && test_s3().is_some() {
+        args.extend(["--store".to_string(), store_url_for(data_dir)]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 impl Server {
+    /// The store this server writes to (an `s3://` or `file://` URL).
+    pub fn store_url(&self) -> String {
+        let mut args = self.args.iter();
+        while let Some(a) = args.next() {
+            if a == "--store" {
+                return args.next().expect("--store value").clone();
+            }
+            if let Some(url) = a.strip_prefix("--store=") {
+                return url.to_string();
+            }
+        }
+        store_url_for(&self.data_dir)
+    }
+
+    /// Objects in this server's store under `prefix` whose key ends with `suffix`.
+    pub async fn count_objects(&self, prefix: &str, suffix: &str) -> usize {
+        use futures::TryStreamExt;
+        use picomq_engine::store::ObjectPath;
+        let store = picomq_engine::store::open(&self.store_url()).expect("open the test store");
+        let keys: Vec<ObjectPath> = store
+            .list(Some(&ObjectPath::from(prefix)))
+            .map_ok(|o| o.location)
+            .try_collect()
+            .await
+            .expect("list the test store");
+        keys.iter().filter(|k| k.as_ref().ends_with(suffix)).count()
+    }
+
     /// Starts `picomq serve` on a free port with `data_dir` and extra flags, and
     /// waits until it answers /readyz.
     pub async fn start(data_dir: &Path, extra: &[&str]) -> Server {
@@ -66,7 +150,7 @@ impl Server {
             client: Client::new(&url),
             url,
             data_dir: data_dir.to_path_buf(),
-            args: extra.iter().map(|s| s.to_string()).collect(),
+            args: store_args(data_dir, extra),
             child: None,
             log: data_dir.join(format!("server-{port}.log")),
         };
