@@ -190,12 +190,15 @@ async fn prune(store: &dyn ObjectStore) -> Result<()> {
 
 /// Restores `meta` from the newest readable checkpoint whose watermark is past
 /// `after` (any, if `None`). Returns the restored watermark, or `None` if there is
-/// no such checkpoint. Unreadable checkpoints are skipped with a warning.
+/// no such checkpoint. Unreadable checkpoints are skipped with a warning; if every
+/// candidate is unreadable this fails: the WAL below a checkpoint may be deleted, so
+/// replaying without one could silently skip data.
 pub async fn restore_newest(
     store: &dyn ObjectStore,
     meta: &Meta,
     after: Option<Watermark>,
 ) -> Result<Option<Watermark>> {
+    let mut unreadable = Vec::new();
     for candidate in list(store).await?.into_iter().rev() {
         if after.is_some_and(|a| candidate <= a) {
             break;
@@ -211,10 +214,12 @@ pub async fn restore_newest(
             Ok(d) if d.watermark == candidate => d,
             Ok(_) => {
                 tracing::warn!(key, "checkpoint watermark does not match its key; skipped");
+                unreadable.push(key);
                 continue;
             }
             Err(e) => {
                 tracing::warn!(key, error = %e, "unreadable checkpoint; skipped");
+                unreadable.push(key);
                 continue;
             }
         };
@@ -241,7 +246,19 @@ pub async fn restore_newest(
         );
         return Ok(restored);
     }
+    if !unreadable.is_empty() {
+        return Err(EngineError::Internal(format!(
+            "no readable metadata checkpoint (unreadable: {}); refusing to rebuild from a WAL that may be partly garbage-collected",
+            unreadable.join(", ")
+        )));
+    }
     Ok(None)
+}
+
+/// The oldest checkpoint's watermark: WAL objects below it are needed by no restore
+/// (every kept checkpoint is past them), so GC may delete the unreferenced ones.
+pub async fn floor(store: &dyn ObjectStore) -> Result<Option<Watermark>> {
+    Ok(list(store).await?.into_iter().next())
 }
 
 /// Writes a checkpoint every `interval` while the index has moved on since the last
@@ -313,6 +330,37 @@ mod tests {
             assert!(decode(&Bytes::from(bad)).is_err(), "flip at {i} undetected");
         }
         assert!(decode(&bytes.slice(..bytes.len() - 3)).is_err());
+    }
+
+    #[tokio::test]
+    async fn restore_refuses_when_every_checkpoint_is_unreadable() {
+        let store = object_store::memory::InMemory::new();
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        assert_eq!(restore_newest(&store, &meta, None).await.unwrap(), None);
+        let w = Watermark {
+            epoch: 1,
+            next_seq: 4,
+        };
+        let mut bad = encode(w, SCHEMA_VERSION, b"not a database").to_vec();
+        bad[45] ^= 1;
+        store
+            .put(&Path::from(key(w)), PutPayload::from(bad))
+            .await
+            .unwrap();
+        let err = restore_newest(&store, &meta, None).await.unwrap_err();
+        assert!(
+            err.to_string().contains("no readable metadata checkpoint"),
+            "{err}"
+        );
+        // One already past it locally needs no checkpoint at all.
+        let ahead = Watermark {
+            epoch: 2,
+            next_seq: 0,
+        };
+        assert_eq!(
+            restore_newest(&store, &meta, Some(ahead)).await.unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct EngineConfig {
     /// How often the metadata is checkpointed into the object store (when it changed
     /// since the last checkpoint); `None` = never. See `checkpoint`.
     pub checkpoint_interval: Option<Duration>,
+    /// How often garbage collection deletes WAL objects that nothing points into
+    /// any more (below the oldest checkpoint); `None` = never. See `gc`.
+    pub gc_interval: Option<Duration>,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
 }
@@ -110,6 +113,7 @@ impl Default for EngineConfig {
             producers_per_stream_max: 10_000,
             fence_check_interval: Some(Duration::from_secs(10)),
             checkpoint_interval: Some(Duration::from_secs(300)),
+            gc_interval: Some(Duration::from_secs(600)),
             cost: CostConfig::default(),
         }
     }

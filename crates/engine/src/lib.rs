@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod fencing;
+pub mod gc;
 pub mod indexer;
 pub mod meta;
 pub mod metrics;

@@ -41,6 +41,11 @@ pub struct StorageArgs {
     /// instead of replaying every WAL object; 0 = never.
     #[arg(long, env = "PICOMQ_CHECKPOINT_INTERVAL", default_value = "5m", value_parser = duration)]
     pub checkpoint_interval: Duration,
+    /// How often garbage collection deletes WAL objects that no stream points into
+    /// any more (deleted and expired streams' data, below the oldest checkpoint);
+    /// 0 = never.
+    #[arg(long, env = "PICOMQ_GC_INTERVAL", default_value = "10m", value_parser = duration)]
+    pub gc_interval: Duration,
     /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
     /// in /metrics; default: S3 Standard us-east-1).
     #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
@@ -65,6 +70,7 @@ impl StorageArgs {
             (!self.fence_check_interval.is_zero()).then_some(self.fence_check_interval);
         config.checkpoint_interval =
             (!self.checkpoint_interval.is_zero()).then_some(self.checkpoint_interval);
+        config.gc_interval = (!self.gc_interval.is_zero()).then_some(self.gc_interval);
         config.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

@@ -28,7 +28,13 @@ macro_rules! stream_select {
     };
 }
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/sqlite/0001_init.sql")),
+    (
+        2,
+        include_str!("../../migrations/sqlite/0002_chunks_by_object.sql"),
+    ),
+];
 /// The schema version this binary writes: the last migration.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
@@ -354,6 +360,15 @@ impl Meta {
             meta.migrate().await?;
         }
         Ok(meta)
+    }
+
+    /// Whether any index row points into the object at `key`.
+    pub async fn object_referenced(&self, key: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
     }
 
     pub async fn stream_by_name(&self, name: &str) -> Result<Option<StreamRow>> {

@@ -167,6 +167,16 @@ impl StoreStats {
         self.stored_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Bytes deleted from the store (by garbage collection).
+    pub fn sub_stored_bytes(&self, n: u64) {
+        self.accrue();
+        let _ = self
+            .stored_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
     /// Adds the storage cost of the bytes held since the last call.
     fn accrue(&self) -> f64 {
         let mut s = self.storage.lock().expect("storage accrual lock");

@@ -25,6 +25,7 @@ use self::registry::Registry;
 use crate::checkpoint::CheckpointStats;
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
+use crate::gc::GcStats;
 use crate::indexer::{self, IndexerProgress};
 use crate::meta::{Meta, StreamRow};
 use crate::metrics::Exposition;
@@ -184,6 +185,7 @@ struct Inner {
     /// When an at-capacity request last swept for early evictions (ms since epoch).
     pressure_sweep_ms: AtomicU64,
     checkpoints: Arc<CheckpointStats>,
+    gc: Arc<GcStats>,
     /// What recovery did at start: WAL objects replayed, checkpoint restored.
     recovered: (u64, bool),
 }
@@ -242,11 +244,12 @@ impl Engine {
         meta: Meta,
     ) -> Result<Engine> {
         let recovered = crate::recovery::recover(&*store, &meta).await?;
-        if let Some(wal_stats) = store_stats
+        let wal_stats = store_stats
             .iter()
             .find(|s| s.label() == "wal")
             .or(store_stats.first())
-        {
+            .cloned();
+        if let Some(wal_stats) = &wal_stats {
             wal_stats.add_stored_bytes(recovered.listed_bytes);
         }
         tracing::info!(
@@ -280,6 +283,7 @@ impl Engine {
             counters: ServiceCounters::default(),
             pressure_sweep_ms: AtomicU64::new(0),
             checkpoints: Arc::default(),
+            gc: Arc::default(),
             recovered: (
                 recovered.objects_replayed,
                 recovered.restored_from.is_some(),
@@ -306,6 +310,17 @@ impl Engine {
                 engine.inner.wal.health(),
                 engine.inner.checkpoints.clone(),
                 engine.inner.meta.watermark().await?,
+            ));
+            engine.inner.tasks.lock().expect("tasks lock").push(task);
+        }
+        if let Some(interval) = engine.inner.config.gc_interval {
+            let task = tokio::spawn(crate::gc::run(
+                engine.inner.store.clone(),
+                engine.inner.meta.clone(),
+                interval,
+                engine.inner.wal.health(),
+                engine.inner.gc.clone(),
+                wal_stats,
             ));
             engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
@@ -1610,6 +1625,30 @@ impl Engine {
             "gauge",
             "When the last metadata checkpoint was written (Unix time; 0 = none yet).",
             ck.last_written_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+        )
+        .single(
+            "picomq_gc_passes_total",
+            "counter",
+            "Garbage-collection passes completed.",
+            self.inner.gc.passes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_gc_failures_total",
+            "counter",
+            "Garbage-collection passes that failed (retried at the next interval).",
+            self.inner.gc.failures.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_gc_objects_deleted_total",
+            "counter",
+            "WAL objects deleted by garbage collection (nothing pointed into them).",
+            self.inner.gc.objects_deleted.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_gc_bytes_deleted_total",
+            "counter",
+            "Bytes of the WAL objects deleted by garbage collection.",
+            self.inner.gc.bytes_deleted.load(Ordering::Relaxed) as f64,
         )
         .single(
             "picomq_recovery_objects_replayed",

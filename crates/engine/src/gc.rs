@@ -1,0 +1,143 @@
+//! Garbage collection of WAL objects, in two phases: a stream's delete (explicit,
+//! TTL or Expires-At) removes its index rows when it is applied (unreachable in
+//! metadata), and this pass later deletes the bytes of every WAL object that no
+//! index row points into any more and that no restore can need.
+//!
+//! "No restore can need" is the checkpoint floor: the watermark of the *oldest* kept
+//! checkpoint (see `checkpoint`). Recovery always starts from a checkpoint at or past
+//! the floor, so a WAL object below it is read only through the index. Seals are
+//! never deleted: they fence zombie writers of older epochs for ever.
+//!
+//! The pass is a scan (list `wal/`, look each candidate up in the index), so a crash
+//! anywhere leaks nothing for long: the next pass finds what this one missed. An
+//! object still shared with a live stream stays until compaction (not built yet)
+//! copies that stream's data out of it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use tokio::sync::watch;
+
+use crate::checkpoint;
+use crate::error::Result;
+use crate::meta::Meta;
+use crate::store::instrumented::StoreStats;
+use crate::wal::format::{self, SEAL_MAGIC};
+use crate::wal::WalHealth;
+
+/// Seal objects are a line of text; anything this small is checked for the seal
+/// magic before it is deleted.
+const SEAL_BYTES_MAX: u64 = 128;
+
+#[derive(Default)]
+pub struct GcStats {
+    pub passes: AtomicU64,
+    pub failures: AtomicU64,
+    pub objects_deleted: AtomicU64,
+    pub bytes_deleted: AtomicU64,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    pub examined: u64,
+    pub deleted: u64,
+    pub bytes: u64,
+}
+
+/// One pass: deletes every unreferenced, non-seal WAL object below the checkpoint
+/// floor. Without a checkpoint there is no floor and nothing is deleted.
+pub async fn collect(store: &dyn ObjectStore, meta: &Meta) -> Result<Pass> {
+    let mut pass = Pass::default();
+    let Some(floor) = checkpoint::floor(store).await? else {
+        return Ok(pass);
+    };
+    let mut listing = store.list(Some(&Path::from("wal")));
+    while let Some(object) = listing.try_next().await? {
+        let key = object.location.as_ref();
+        let Some((epoch, seq)) = format::parse_object_key(key) else {
+            continue;
+        };
+        if (epoch, seq) >= (floor.epoch, floor.next_seq) {
+            continue;
+        }
+        pass.examined += 1;
+        if meta.object_referenced(key).await? {
+            continue;
+        }
+        if object.size <= SEAL_BYTES_MAX && is_seal(store, &object.location).await? {
+            continue;
+        }
+        match store.delete(&object.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        pass.deleted += 1;
+        pass.bytes += object.size;
+    }
+    Ok(pass)
+}
+
+async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(0..SEAL_MAGIC.len() as u64)),
+        ..Default::default()
+    };
+    match store.get_opts(location, opts).await {
+        Ok(got) => Ok(got.bytes().await?.starts_with(SEAL_MAGIC)),
+        // Already gone: nothing to decide.
+        Err(object_store::Error::NotFound { .. }) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs a pass every `interval` until the node is fenced or stopped (only the
+/// bucket's writer collects).
+pub async fn run(
+    store: Arc<dyn ObjectStore>,
+    meta: Meta,
+    interval: Duration,
+    mut health: watch::Receiver<WalHealth>,
+    stats: Arc<GcStats>,
+    store_stats: Option<Arc<StoreStats>>,
+) {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if matches!(
+            *health.borrow_and_update(),
+            WalHealth::Fenced | WalHealth::Stopped
+        ) {
+            return;
+        }
+        match collect(&*store, &meta).await {
+            Ok(pass) => {
+                stats.passes.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .objects_deleted
+                    .fetch_add(pass.deleted, Ordering::Relaxed);
+                stats.bytes_deleted.fetch_add(pass.bytes, Ordering::Relaxed);
+                if let Some(s) = &store_stats {
+                    s.sub_stored_bytes(pass.bytes);
+                }
+                if pass.deleted > 0 {
+                    tracing::info!(
+                        examined = pass.examined,
+                        deleted = pass.deleted,
+                        bytes = pass.bytes,
+                        "garbage-collected WAL objects"
+                    );
+                }
+            }
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "garbage collection pass failed; will retry");
+            }
+        }
+    }
+}
