@@ -75,3 +75,51 @@ async fn expired_streams_are_gone_and_reusable() {
     assert_eq!(support::read_all(c, "/ttl/put").await, b"new");
     assert_eq!(support::read_all(c, "/ttl/kept").await, b"k");
 }
+
+/// Streams that nobody touches again still expire: once dormant, the metadata scan
+/// finds them and deletes them through the WAL (so GC can reclaim their bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dormant_streams_expire_without_being_touched() {
+    let dir = TempDir::new("ttl-dormant");
+    let server = Server::start(dir.path(), &["--dormancy", "100ms"]).await;
+    let c = &server.client;
+    let expires_at = time_in(Duration::from_secs(1));
+    for (name, header, value) in [
+        ("/ttl/dormant-ttl", "stream-ttl", "1".to_string()),
+        ("/ttl/dormant-at", "stream-expires-at", expires_at),
+        ("/ttl/alive", "stream-ttl", "3600".to_string()),
+    ] {
+        let r = c
+            .put(
+                name,
+                &[("content-type", "text/plain"), (header, value.as_str())],
+                "x",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 201, "{name}: {}", r.text());
+    }
+    let started = Instant::now();
+    // The count follows the index, which trails the acknowledgements a little.
+    support::eventually(Duration::from_secs(5), || async {
+        (support::metric(c, "picomq_streams").await == 3.0).then_some(())
+    })
+    .await;
+    support::eventually(Duration::from_secs(10), || async {
+        (support::metric(c, "picomq_streams").await == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "expired too early"
+    );
+    assert_eq!(c.head("/ttl/alive").await.unwrap().status.as_u16(), 200);
+    for name in ["/ttl/dormant-ttl", "/ttl/dormant-at"] {
+        assert_eq!(c.head(name).await.unwrap().status.as_u16(), 404);
+    }
+}
+
+/// RFC 3339 (UTC, whole seconds) for about now + `d`.
+fn time_in(d: Duration) -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now() + d).to_string()
+}

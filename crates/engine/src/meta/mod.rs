@@ -362,6 +362,31 @@ impl Meta {
         Ok(meta)
     }
 
+    /// Names after `after` (in name order) of up to `limit` live streams whose TTL
+    /// (counted from their last recorded access) or Expires-At has passed at `now_ms`.
+    /// Access times of active streams are recorded when they go dormant, so the caller
+    /// re-checks each one, and pages on with `after` so active streams cannot starve
+    /// the rest.
+    pub async fn expired_candidates(
+        &self,
+        now_ms: u64,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT name FROM streams WHERE soft_deleted = 0 AND name > ?2 AND (
+                (ttl_secs IS NOT NULL AND last_access_ms + ttl_secs * 1000 < ?1)
+                OR (expires_at IS NOT NULL AND (julianday(expires_at) - 2440587.5) * 86400000.0 < ?1)
+             ) ORDER BY name LIMIT ?3",
+        )
+        .bind(now_ms as i64)
+        .bind(after)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Whether any index row points into the object at `key`.
     pub async fn object_referenced(&self, key: &str) -> Result<bool> {
         let row = sqlx::query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1")

@@ -1445,8 +1445,18 @@ impl Engine {
         let period = (self.inner.config.dormancy / 4)
             .clamp(Duration::from_millis(50), Duration::from_secs(15));
         let mut tick = tokio::time::interval(period);
+        // Dormant streams expire too: scan the metadata about once per dormancy
+        // period (at least every second) so their deletes reach the WAL and GC can
+        // reclaim their bytes without anyone reading them again.
+        let scan_every = self.inner.config.dormancy.max(Duration::from_secs(1));
+        let mut last_scan = tokio::time::Instant::now();
+        let mut scan_after = String::new();
         loop {
             tick.tick().await;
+            if last_scan.elapsed() >= scan_every {
+                last_scan = tokio::time::Instant::now();
+                scan_after = self.expire_dormant(scan_after).await;
+            }
             let now = now_ms();
             for handle in self
                 .inner
@@ -1463,6 +1473,41 @@ impl Engine {
                 tracing::warn!(error = %e, "recording last access of dormant streams failed");
             }
         }
+    }
+}
+
+impl Engine {
+    /// Deletes dormant streams whose TTL or Expires-At has passed, a bounded batch
+    /// of names after `after` per call; returns where the next call goes on (empty:
+    /// from the start). The lookup does the check and the delete, as for a request.
+    async fn expire_dormant(&self, after: String) -> String {
+        const BATCH: u32 = 1000;
+        let names = match self
+            .inner
+            .meta
+            .expired_candidates(now_ms(), &after, BATCH)
+            .await
+        {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(error = %e, "scanning for expired streams failed");
+                return after;
+            }
+        };
+        let next = if names.len() < BATCH as usize {
+            String::new()
+        } else {
+            names.last().cloned().unwrap_or_default()
+        };
+        for name in names {
+            if self.inner.wal.check_health().is_err() {
+                return after;
+            }
+            if let Err(e) = self.lookup(&name).await {
+                tracing::warn!(stream = %name, error = %e, "expiring a dormant stream failed");
+            }
+        }
+        next
     }
 }
 
