@@ -262,37 +262,29 @@ pub async fn floor(store: &dyn ObjectStore) -> Result<Option<Watermark>> {
 }
 
 /// Writes a checkpoint every `interval` while the index has moved on since the last
-/// one. Stops once the node is fenced or shut down: only the bucket's writer
-/// checkpoints.
+/// one, for as long as this node is the bucket's writer.
 pub async fn run(
     store: Arc<dyn ObjectStore>,
     meta: Meta,
     interval: Duration,
-    mut health: watch::Receiver<WalHealth>,
+    health: watch::Receiver<WalHealth>,
     stats: Arc<CheckpointStats>,
-    mut last: Option<Watermark>,
+    last: Option<Watermark>,
 ) {
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if matches!(
-            *health.borrow_and_update(),
-            WalHealth::Fenced | WalHealth::Stopped
-        ) {
-            return;
-        }
+    let last = std::sync::Mutex::new(last);
+    crate::wal::while_writer(interval, health, || async {
+        let previous = *last.lock().expect("checkpoint state lock");
         match meta.watermark().await {
-            Ok(current) if current.is_some() && current != last => {}
-            Ok(_) => continue,
+            Ok(current) if current.is_some() && current != previous => {}
+            Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the metadata watermark failed");
-                continue;
+                return;
             }
         }
         match write(&*store, &meta).await {
             Ok(Some((w, size))) => {
-                last = Some(w);
+                *last.lock().expect("checkpoint state lock") = Some(w);
                 stats.written.fetch_add(1, Ordering::Relaxed);
                 stats.last_bytes.store(size, Ordering::Relaxed);
                 stats
@@ -306,7 +298,8 @@ pub async fn run(
                 tracing::warn!(error = %e, "writing a metadata checkpoint failed; will retry");
             }
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -95,26 +95,16 @@ async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
     }
 }
 
-/// Runs a pass every `interval` until the node is fenced or stopped (only the
-/// bucket's writer collects).
+/// Runs a pass every `interval` for as long as this node is the bucket's writer.
 pub async fn run(
     store: Arc<dyn ObjectStore>,
     meta: Meta,
     interval: Duration,
-    mut health: watch::Receiver<WalHealth>,
+    health: watch::Receiver<WalHealth>,
     stats: Arc<GcStats>,
     store_stats: Option<Arc<StoreStats>>,
 ) {
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if matches!(
-            *health.borrow_and_update(),
-            WalHealth::Fenced | WalHealth::Stopped
-        ) {
-            return;
-        }
+    crate::wal::while_writer(interval, health, || async {
         match collect(&*store, &meta).await {
             Ok(pass) => {
                 stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -139,5 +129,6 @@ pub async fn run(
                 tracing::warn!(error = %e, "garbage collection pass failed; will retry");
             }
         }
-    }
+    })
+    .await;
 }
