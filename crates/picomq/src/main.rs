@@ -8,6 +8,12 @@ mod storage;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc malloc: the request path allocates a few dozen small
+/// objects per append across threads, where glibc spent ~16% of the server's
+/// instructions (benchmarks/results/profile.txt).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "picomq",
