@@ -12,6 +12,9 @@ use std::fmt;
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Offset(pub u64);
 
+/// Length of an offset on the wire: two 16-digit fields and the `_` between them.
+pub const OFFSET_WIRE_BYTES: usize = 33;
+
 /// Widest position the 16-digit wire field can hold.
 pub const OFFSET_POSITION_MAX: u64 = 9_999_999_999_999_999;
 
@@ -49,6 +52,23 @@ impl Offset {
         position.parse::<u64>().map(Offset).map_err(|_| bad())
     }
 
+    /// The wire form as bytes, without the formatting machinery: every response
+    /// carries one, so this is on the hot path.
+    pub fn encode(self) -> [u8; OFFSET_WIRE_BYTES] {
+        debug_assert!(
+            self.0 <= OFFSET_POSITION_MAX,
+            "offset beyond the wire field"
+        );
+        let mut out = [b'0'; OFFSET_WIRE_BYTES];
+        out[16] = b'_';
+        let mut rest = self.0;
+        for digit in out[17..].iter_mut().rev() {
+            *digit = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        out
+    }
+
     pub fn advance(self, bytes: u64) -> Offset {
         Offset(self.0 + bytes)
     }
@@ -84,6 +104,16 @@ mod tests {
             Offset::ZERO.to_string(),
             "0000000000000000_0000000000000000"
         );
+    }
+
+    #[test]
+    fn encode_is_the_display_form() {
+        for n in [0, 7, 10, 1_234_567_890, OFFSET_POSITION_MAX] {
+            assert_eq!(
+                Offset(n).encode().as_slice(),
+                Offset(n).to_string().as_bytes()
+            );
+        }
     }
 
     #[test]

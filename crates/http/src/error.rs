@@ -3,7 +3,7 @@
 //! body `{"error": {"code": ..., "message": ...}}` saying what was wrong.
 
 use axum::body::Body;
-use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use picomq_engine::EngineError;
 
@@ -14,7 +14,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(HeaderName, String)>,
 }
 
 impl ApiError {
@@ -29,8 +29,11 @@ impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
-    pub fn with_header(mut self, name: &'static str, value: impl ToString) -> Self {
-        self.headers.push((name, value.to_string()));
+    /// A `HeaderName` constant, or a `&str` name (parsed here: errors are rare).
+    pub fn with_header<N: TryInto<HeaderName>>(mut self, name: N, value: impl ToString) -> Self {
+        if let Ok(name) = name.try_into() {
+            self.headers.push((name, value.to_string()));
+        }
         self
     }
 }
@@ -74,10 +77,10 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }
             E::Overloaded(_) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message)
-                .with_header("retry-after", 1),
+                .with_header(header::RETRY_AFTER, 1),
             E::Unavailable(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-                    .with_header("retry-after", 1)
+                    .with_header(header::RETRY_AFTER, 1)
             }
             E::Internal(_) => {
                 tracing::error!(error = %message, "internal error");

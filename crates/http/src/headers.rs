@@ -1,27 +1,31 @@
 //! Header names and header parsing: the one place that knows how a Durable Streams
-//! header is spelled and what values it accepts.
+//! header is spelled and what values it accepts. Names are `HeaderName` constants:
+//! a `&str` name would be parsed and hashed again on every request and response.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 
 use crate::error::ApiError;
 
-pub const STREAM_NEXT_OFFSET: &str = "stream-next-offset";
-pub const STREAM_UP_TO_DATE: &str = "stream-up-to-date";
-pub const STREAM_CURSOR: &str = "stream-cursor";
-pub const STREAM_CLOSED: &str = "stream-closed";
-pub const STREAM_TTL: &str = "stream-ttl";
-pub const STREAM_EXPIRES_AT: &str = "stream-expires-at";
-pub const STREAM_SEQ: &str = "stream-seq";
-pub const STREAM_FORKED_FROM: &str = "stream-forked-from";
-pub const STREAM_FORK_OFFSET: &str = "stream-fork-offset";
-pub const STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
-pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
-pub const PRODUCER_ID: &str = "producer-id";
-pub const PRODUCER_EPOCH: &str = "producer-epoch";
-pub const PRODUCER_SEQ: &str = "producer-seq";
-pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
-pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
-pub const REQUEST_ID: &str = "x-request-id";
+pub const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static("stream-next-offset");
+pub const STREAM_UP_TO_DATE: HeaderName = HeaderName::from_static("stream-up-to-date");
+pub const STREAM_CURSOR: HeaderName = HeaderName::from_static("stream-cursor");
+pub const STREAM_CLOSED: HeaderName = HeaderName::from_static("stream-closed");
+pub const STREAM_TTL: HeaderName = HeaderName::from_static("stream-ttl");
+pub const STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expires-at");
+pub const STREAM_SEQ: HeaderName = HeaderName::from_static("stream-seq");
+pub const STREAM_FORKED_FROM: HeaderName = HeaderName::from_static("stream-forked-from");
+pub const STREAM_FORK_OFFSET: HeaderName = HeaderName::from_static("stream-fork-offset");
+pub const STREAM_FORK_SUB_OFFSET: HeaderName = HeaderName::from_static("stream-fork-sub-offset");
+pub const STREAM_SSE_DATA_ENCODING: HeaderName =
+    HeaderName::from_static("stream-sse-data-encoding");
+pub const PRODUCER_ID: HeaderName = HeaderName::from_static("producer-id");
+pub const PRODUCER_EPOCH: HeaderName = HeaderName::from_static("producer-epoch");
+pub const PRODUCER_SEQ: HeaderName = HeaderName::from_static("producer-seq");
+pub const PRODUCER_EXPECTED_SEQ: HeaderName = HeaderName::from_static("producer-expected-seq");
+pub const PRODUCER_RECEIVED_SEQ: HeaderName = HeaderName::from_static("producer-received-seq");
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
+    HeaderName::from_static("cross-origin-resource-policy");
 
 pub const CORS_ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
@@ -31,7 +35,7 @@ pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream
 pub const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
 
 /// A header's value as text; `Err` if present but not visible ASCII.
-pub fn text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+pub fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ApiError> {
     match headers.get(name) {
         None => Ok(None),
         Some(v) => v
@@ -42,7 +46,7 @@ pub fn text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, A
 }
 
 /// `Stream-Closed` counts only when it is exactly `true` (any case); other values are ignored.
-pub fn flag_true(headers: &HeaderMap, name: &str) -> bool {
+pub fn flag_true(headers: &HeaderMap, name: &HeaderName) -> bool {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, Request, Response, StatusCode};
+use axum::http::{header, HeaderValue, Request, Response, StatusCode};
 use axum::middleware::Next;
 use axum::routing::get;
 use axum::Router;
@@ -99,7 +99,7 @@ pub fn recovering_router() -> Router {
                 "starting",
                 "the server is recovering its streams from the object store; retry shortly",
             )
-            .with_header("retry-after", 1)
+            .with_header(header::RETRY_AFTER, 1)
         })
 }
 
@@ -112,7 +112,7 @@ async fn common_headers(
 ) -> Response<Body> {
     let id = req
         .headers()
-        .get(headers::REQUEST_ID)
+        .get(&headers::REQUEST_ID)
         .filter(|v| v.len() <= 128)
         .cloned()
         .unwrap_or_else(|| {
@@ -132,25 +132,28 @@ async fn common_headers(
     let mut resp = next.run(req).instrument(span.clone()).await;
     access_log(&span, resp.status(), started);
     let h = resp.headers_mut();
-    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
     h.insert(
-        "access-control-allow-methods",
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static(headers::CORS_ALLOW_METHODS),
     );
     h.insert(
-        "access-control-allow-headers",
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static(headers::CORS_ALLOW_HEADERS),
     );
     h.insert(
-        "access-control-expose-headers",
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(headers::CORS_EXPOSE_HEADERS),
     );
     h.insert(
-        "x-content-type-options",
+        header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     h.insert(
-        "cross-origin-resource-policy",
+        headers::CROSS_ORIGIN_RESOURCE_POLICY,
         HeaderValue::from_static("cross-origin"),
     );
     h.insert(headers::REQUEST_ID, id);

@@ -13,7 +13,7 @@ use sqlx::{Row, SqlitePool};
 
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
-use crate::wal::format::{ForkOrigin, Op, ProducerStamp};
+use crate::wal::format::{AppendOp, ForkOrigin, Op, ProducerStamp};
 use crate::wal::FlushedObject;
 
 /// `SELECT` of every stream column (in `stream_row` order) followed by `$tail`.
@@ -164,10 +164,13 @@ impl Meta {
     }
 
     /// Applies durable WAL objects, in log order, in one transaction; idempotent, so
-    /// replaying an object twice changes nothing.
+    /// replaying an object twice changes nothing. New streams and chunk rows go in as
+    /// multi-row inserts and each stream gets one update per batch, not a statement
+    /// per op: every statement is a round trip to the SQLite worker thread.
     pub async fn apply(&self, objects: &[FlushedObject]) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         let mut next_id: Option<u64> = None;
+        let mut pending = Pending::default();
         for object in objects {
             for chunk in &object.chunks {
                 let id = chunk.stream_id as i64;
@@ -179,84 +182,60 @@ impl Meta {
                     Some(acc.map_or((s, e), |(s0, _)| (s0, e)))
                 });
                 if let Some((start, end)) = span {
-                    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end) VALUES (?, ?, ?, ?, ?, ?)")
-                        .bind(id)
-                        .bind(start.0 as i64)
-                        .bind(end.0 as i64)
-                        .bind(&object.key)
-                        .bind(chunk.range.start as i64)
-                        .bind(chunk.range.end as i64)
-                        .execute(&mut *tx)
-                        .await?;
+                    pending.chunks.push((
+                        id,
+                        start.0 as i64,
+                        end.0 as i64,
+                        object.key.as_str(),
+                        chunk.range.start as i64,
+                        chunk.range.end as i64,
+                    ));
                 }
                 for (_, op) in &chunk.ops {
                     match op {
                         Op::Create(c) => {
                             next_id = Some(next_id.unwrap_or(0).max(chunk.stream_id + 1));
                             let fork = c.fork.as_ref();
-                            sqlx::query("INSERT OR IGNORE INTO streams (id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, fork_requested, fork_sub_offset, tail, closed, last_access_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)")
-                                .bind(id)
-                                .bind(&c.name)
-                                .bind(&c.content_type)
-                                .bind(c.created_ms as i64)
-                                .bind(c.ttl_secs.map(|t| t as i64))
-                                .bind(&c.expires_at)
-                                .bind(fork.map(|f| f.source_id as i64))
-                                .bind(fork.map(|f| f.point.0 as i64))
-                                .bind(fork.and_then(|f| f.requested_offset).map(|o| o.0 as i64))
-                                .bind(fork.map_or(0, |f| f.sub_offset as i64))
-                                .bind(fork.map_or(0, |f| f.point.0 as i64))
-                                .bind(c.created_ms as i64)
-                                .execute(&mut *tx)
-                                .await?;
+                            pending.creates.push(CreateRow {
+                                id,
+                                name: &c.name,
+                                content_type: &c.content_type,
+                                created_ms: c.created_ms as i64,
+                                ttl_secs: c.ttl_secs.map(|t| t as i64),
+                                expires_at: c.expires_at.as_deref(),
+                                fork_source: fork.map(|f| f.source_id as i64),
+                                fork_point: fork.map(|f| f.point.0 as i64),
+                                fork_requested: fork
+                                    .and_then(|f| f.requested_offset)
+                                    .map(|o| o.0 as i64),
+                                fork_sub_offset: fork.map_or(0, |f| f.sub_offset as i64),
+                                tail: fork.map_or(0, |f| f.point.0 as i64),
+                            });
                         }
-                        Op::Append(a) => {
-                            let closed_by = if a.close {
-                                a.producer.as_ref().map(encode_stamp)
-                            } else {
-                                None
-                            };
-                            // A write is an access: after a rebuild from the bucket a
-                            // sliding TTL counts from the last write at the latest.
-                            let written_ms = a.records.last().map_or(0, |r| r.ts_ms);
-                            sqlx::query("UPDATE streams SET tail = MAX(tail, ?), closed = closed OR ?, closed_by = COALESCE(?, closed_by), stream_seq = COALESCE(?, stream_seq), last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")
-                                .bind(a.end().0 as i64)
-                                .bind(a.close)
-                                .bind(closed_by)
-                                .bind(&a.stream_seq)
-                                .bind(written_ms as i64)
-                                .bind(id)
-                                .execute(&mut *tx)
-                                .await?;
-                            if let Some(p) = &a.producer {
-                                sqlx::query("INSERT INTO producers (stream_id, producer_id, epoch, last_seq) VALUES (?, ?, ?, ?) ON CONFLICT(stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq")
+                        Op::Append(a) => pending.runs.entry(chunk.stream_id).or_default().add(a),
+                        Op::Delete { soft } => {
+                            // Everything before the delete lands first (rare: no batching).
+                            pending.flush(&mut tx).await?;
+                            if *soft {
+                                sqlx::query("UPDATE streams SET soft_deleted = 1 WHERE id = ?")
                                     .bind(id)
-                                    .bind(&p.id)
-                                    .bind(p.epoch as i64)
-                                    .bind(p.seq as i64)
                                     .execute(&mut *tx)
                                     .await?;
-                            }
-                        }
-                        Op::Delete { soft: true } => {
-                            sqlx::query("UPDATE streams SET soft_deleted = 1 WHERE id = ?")
-                                .bind(id)
-                                .execute(&mut *tx)
-                                .await?;
-                        }
-                        Op::Delete { soft: false } => {
-                            for table in [
-                                "DELETE FROM streams WHERE id = ?",
-                                "DELETE FROM chunks WHERE stream_id = ?",
-                                "DELETE FROM producers WHERE stream_id = ?",
-                            ] {
-                                sqlx::query(table).bind(id).execute(&mut *tx).await?;
+                            } else {
+                                for table in [
+                                    "DELETE FROM streams WHERE id = ?",
+                                    "DELETE FROM chunks WHERE stream_id = ?",
+                                    "DELETE FROM producers WHERE stream_id = ?",
+                                ] {
+                                    sqlx::query(table).bind(id).execute(&mut *tx).await?;
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        pending.flush(&mut tx).await?;
         if let Some(last) = objects.last() {
             for (key, value) in [
                 ("applied_epoch", last.epoch),
@@ -529,6 +508,156 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
     }
 }
 
+/// One stream's appends in a batch, written as one row of one `UPDATE streams` and
+/// one upsert per producer instead of a statement of each per append. It leaves the
+/// rows exactly as applying the appends one by one would: tail and last access only grow, a close sticks, the
+/// last closing producer and the last `Stream-Seq` win, each producer's last stamp wins.
+#[derive(Default)]
+struct AppendRun<'a> {
+    end: u64,
+    close: bool,
+    closed_by: Option<&'a ProducerStamp>,
+    stream_seq: Option<&'a str>,
+    written_ms: u64,
+    producers: Vec<&'a ProducerStamp>,
+}
+
+impl<'a> AppendRun<'a> {
+    fn add(&mut self, a: &'a AppendOp) {
+        self.end = self.end.max(a.end().0);
+        if a.close {
+            self.close = true;
+            self.closed_by = a.producer.as_ref().or(self.closed_by);
+        }
+        if let Some(seq) = &a.stream_seq {
+            self.stream_seq = Some(seq);
+        }
+        // A write is an access: after a rebuild from the bucket a sliding TTL counts
+        // from the last write at the latest.
+        self.written_ms = self.written_ms.max(a.records.last().map_or(0, |r| r.ts_ms));
+        if let Some(p) = &a.producer {
+            match self.producers.iter_mut().find(|q| q.id == p.id) {
+                Some(q) => *q = p,
+                None => self.producers.push(p),
+            }
+        }
+    }
+}
+
+/// A stream created by the batch: its `streams` row.
+struct CreateRow<'a> {
+    id: i64,
+    name: &'a str,
+    content_type: &'a str,
+    created_ms: i64,
+    ttl_secs: Option<i64>,
+    expires_at: Option<&'a str>,
+    fork_source: Option<i64>,
+    fork_point: Option<i64>,
+    fork_requested: Option<i64>,
+    fork_sub_offset: i64,
+    tail: i64,
+}
+
+/// `chunks` row: stream id, start and end position, object key, byte range.
+type NewChunk<'a> = (i64, i64, i64, &'a str, i64, i64);
+
+/// Rows of a batch not yet written. `flush` writes them in dependency order: new
+/// streams, then chunks, then the stream updates (an update needs its row).
+#[derive(Default)]
+struct Pending<'a> {
+    creates: Vec<CreateRow<'a>>,
+    chunks: Vec<NewChunk<'a>>,
+    runs: HashMap<u64, AppendRun<'a>>,
+}
+
+/// Rows per multi-row `INSERT`, largest first: a batch of n rows takes one
+/// statement per set bit of n (at most 32 rows each), so only six statement
+/// texts per table are ever prepared and cached.
+const INSERT_GROUPS: [usize; 6] = [32, 16, 8, 4, 2, 1];
+
+/// `head` followed by `rows` tuples of `columns` placeholders (no values in the
+/// text: they are bound, so the statement is safe to build).
+fn values_sql(head: &str, columns: usize, rows: usize) -> String {
+    let tuple = format!("({})", vec!["?"; columns].join(", "));
+    format!("{head} VALUES {}", vec![tuple; rows].join(", "))
+}
+
+/// Splits `n` rows into `INSERT_GROUPS`-sized runs.
+fn groups(mut n: usize) -> impl Iterator<Item = usize> {
+    INSERT_GROUPS.into_iter().flat_map(move |g| {
+        let k = n / g;
+        n -= k * g;
+        std::iter::repeat_n(g, k)
+    })
+}
+
+impl Pending<'_> {
+    async fn flush(&mut self, tx: &mut sqlx::SqliteConnection) -> Result<()> {
+        let mut rows = self.creates.drain(..);
+        for n in groups(rows.len()) {
+            let sql = values_sql("INSERT OR IGNORE INTO streams (id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, fork_requested, fork_sub_offset, tail, closed, last_access_ms)", 13, n);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for c in rows.by_ref().take(n) {
+                q = q
+                    .bind(c.id)
+                    .bind(c.name)
+                    .bind(c.content_type)
+                    .bind(c.created_ms)
+                    .bind(c.ttl_secs)
+                    .bind(c.expires_at)
+                    .bind(c.fork_source)
+                    .bind(c.fork_point)
+                    .bind(c.fork_requested)
+                    .bind(c.fork_sub_offset)
+                    .bind(c.tail)
+                    .bind(false)
+                    .bind(c.created_ms);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        drop(rows);
+        let mut rows = self.chunks.drain(..);
+        for n in groups(rows.len()) {
+            let sql = values_sql("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end)", 6, n);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (id, start, end, key, byte_start, byte_end) in rows.by_ref().take(n) {
+                q = q
+                    .bind(id)
+                    .bind(start)
+                    .bind(end)
+                    .bind(key)
+                    .bind(byte_start)
+                    .bind(byte_end);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        drop(rows);
+        for (stream_id, run) in self.runs.drain() {
+            let id = stream_id as i64;
+            sqlx::query("UPDATE streams SET tail = MAX(tail, ?), closed = closed OR ?, closed_by = COALESCE(?, closed_by), stream_seq = COALESCE(?, stream_seq), last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")
+                .bind(run.end as i64)
+                .bind(run.close)
+                .bind(run.closed_by.map(encode_stamp))
+                .bind(run.stream_seq)
+                .bind(run.written_ms as i64)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            for p in &run.producers {
+                sqlx::query("INSERT INTO producers (stream_id, producer_id, epoch, last_seq) VALUES (?, ?, ?, ?) ON CONFLICT(stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq")
+                    .bind(id)
+                    .bind(&p.id)
+                    .bind(p.epoch as i64)
+                    .bind(p.seq as i64)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn encode_stamp(p: &ProducerStamp) -> String {
     format!("{}:{}:{}", p.epoch, p.seq, p.id)
 }
@@ -542,4 +671,125 @@ fn decode_stamp(s: &str) -> Option<ProducerStamp> {
         epoch,
         seq,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::format::{CreateOp, Record};
+    use crate::wal::FlushedChunk;
+
+    fn create(name: &str) -> Op {
+        Op::Create(CreateOp {
+            name: name.into(),
+            content_type: "text/plain".into(),
+            created_ms: 1,
+            ttl_secs: None,
+            expires_at: None,
+            fork: None,
+        })
+    }
+
+    fn append(start: u64, bytes: usize, ts_ms: u64) -> AppendOp {
+        AppendOp {
+            start: Offset(start),
+            records: vec![Record {
+                ts_ms,
+                flags: 0,
+                data: vec![b'x'; bytes].into(),
+            }],
+            close: false,
+            producer: None,
+            stream_seq: None,
+        }
+    }
+
+    fn stamp(seq: u64) -> ProducerStamp {
+        ProducerStamp {
+            id: "p".into(),
+            epoch: 0,
+            seq,
+        }
+    }
+
+    fn object(seq: u64, chunks: Vec<(u64, Vec<Op>)>) -> FlushedObject {
+        FlushedObject {
+            key: format!("wal/{seq}"),
+            epoch: 1,
+            seq,
+            chunks: chunks
+                .into_iter()
+                .map(|(stream_id, ops)| FlushedChunk {
+                    stream_id,
+                    range: 0..10,
+                    ops: ops
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, op)| (i as u64 + 1, op))
+                        .collect(),
+                    listener: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Folding a batch's appends into one update per stream and multi-row inserts
+    /// must leave the rows that applying every op one by one would.
+    #[tokio::test]
+    async fn batched_index_writes_match_op_by_op_effects() {
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let mut first = append(0, 3, 10);
+        first.stream_seq = Some("a".into());
+        first.producer = Some(stamp(0));
+        let mut second = append(3, 2, 12);
+        second.producer = Some(stamp(1));
+        let mut closing = append(5, 0, 0);
+        closing.records.clear();
+        closing.close = true;
+        closing.producer = Some(stamp(2));
+        // 37 streams created and written in one object: 32 + 4 + 1 row groups.
+        let many: Vec<(u64, Vec<Op>)> = (10..47)
+            .map(|id| {
+                (
+                    id,
+                    vec![create(&format!("s{id}")), Op::Append(append(0, 4, 5))],
+                )
+            })
+            .collect();
+        let batch = [
+            object(0, vec![(1, vec![create("one"), Op::Append(first)])]),
+            object(1, vec![(1, vec![Op::Append(second)])]),
+            object(2, vec![(1, vec![Op::Append(closing)])]),
+            object(3, many),
+            object(
+                4,
+                vec![(2, vec![create("gone"), Op::Append(append(0, 1, 1))])],
+            ),
+            object(5, vec![(2, vec![Op::Delete { soft: false }])]),
+        ];
+        meta.apply(&batch).await.unwrap();
+
+        let one = meta.stream_by_name("one").await.unwrap().unwrap();
+        assert_eq!(one.tail, Offset(5));
+        assert!(one.closed);
+        assert_eq!(one.closed_by, Some(stamp(2)));
+        assert_eq!(one.stream_seq.as_deref(), Some("a"));
+        assert_eq!(one.last_access_ms, 12);
+        assert_eq!(meta.producers(1).await.unwrap()["p"], (0, 2));
+        let chunks = meta.chunks_from(1, Offset(0), 10).await.unwrap();
+        let spans: Vec<_> = chunks.iter().map(|c| (c.start.0, c.end.0)).collect();
+        assert_eq!(spans, [(0, 3), (3, 5)]);
+        for id in 10..47 {
+            let row = meta
+                .stream_by_name(&format!("s{id}"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!((row.id, row.tail), (id, Offset(4)));
+            assert_eq!(meta.chunks_from(id, Offset(0), 10).await.unwrap().len(), 1);
+        }
+        assert!(meta.stream_by_name("gone").await.unwrap().is_none());
+        assert!(meta.chunks_from(2, Offset(0), 10).await.unwrap().is_empty());
+        assert_eq!(meta.next_stream_id().await.unwrap(), 47);
+    }
 }

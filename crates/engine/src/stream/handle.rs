@@ -237,38 +237,44 @@ impl StreamHandle {
 }
 
 impl DurableListener for StreamHandle {
-    fn on_durable(&self, op_no: u64, op: &Op) {
+    fn on_durable(&self, ops: &[(u64, Op)]) {
+        let Some((last_op, _)) = ops.last() else {
+            return;
+        };
         let mut st = self.lock();
         let mut tail = None;
         let mut close = false;
         let mut lifecycle = None;
-        match op {
-            Op::Create(_) => {}
-            Op::Append(a) => {
-                let mut pos = a.start;
-                for record in &a.records {
-                    st.cache_bytes += record.data.len();
-                    st.cache.push_back(Cached {
-                        start: pos,
-                        op_no,
-                        record: record.clone(),
-                    });
-                    pos = pos.advance(record.data.len() as u64);
+        for (op_no, op) in ops {
+            match op {
+                Op::Create(_) => {}
+                Op::Append(a) => {
+                    let mut pos = a.start;
+                    for record in &a.records {
+                        st.cache_bytes += record.data.len();
+                        st.cache.push_back(Cached {
+                            start: pos,
+                            op_no: *op_no,
+                            record: record.clone(),
+                        });
+                        pos = pos.advance(record.data.len() as u64);
+                    }
+                    tail = Some(pos);
+                    close |= a.close;
                 }
-                tail = Some(pos);
-                close = a.close;
-            }
-            Op::Delete { soft } => {
-                lifecycle = Some(if *soft {
-                    Lifecycle::SoftDeleted
-                } else {
-                    Lifecycle::Deleted
-                });
+                Op::Delete { soft } => {
+                    lifecycle = Some(if *soft {
+                        Lifecycle::SoftDeleted
+                    } else {
+                        Lifecycle::Deleted
+                    });
+                }
             }
         }
-        // Published under the state lock so no other update interleaves.
+        // Published under the state lock so no other update interleaves; once per
+        // object, so each waiter of this stream wakes once, not once per op.
         self.durable.send_modify(|v| {
-            v.op = op_no;
+            v.op = *last_op;
             if let Some(tail) = tail {
                 v.tail = tail;
             }

@@ -45,12 +45,17 @@ pub fn now_ms() -> u64 {
 
 /// The media type of a Content-Type value: lowercased, parameters dropped.
 pub fn media_type(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+    media_essence(content_type).to_ascii_lowercase()
+}
+
+/// Whether two Content-Type values name the same media type (`media_type` equality
+/// without allocating: every append checks it).
+pub fn same_media_type(a: &str, b: &str) -> bool {
+    media_essence(a).eq_ignore_ascii_case(media_essence(b))
+}
+
+fn media_essence(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
 }
 
 /// Parses an RFC 3339 timestamp into milliseconds since the Unix epoch.
@@ -1102,7 +1107,7 @@ impl Engine {
         }
         if !req.body.is_empty() {
             let got = req.content_type.as_deref().unwrap_or("");
-            if media_type(got) != media_type(&handle.config.content_type) {
+            if !same_media_type(got, &handle.config.content_type) {
                 return Err(EngineError::ContentTypeMismatch {
                     expected: handle.config.content_type.clone(),
                     got: got.to_string(),

@@ -33,7 +33,9 @@ use crate::metrics::{Histogram, BYTES_BOUNDS, COUNT_BOUNDS};
 /// Told, in log order, when a submitted op became durable and when its index rows
 /// were written to the metadata store.
 pub trait DurableListener: Send + Sync {
-    fn on_durable(&self, op_no: u64, op: &Op);
+    /// All of one stream's ops in a durable object, `(op_no, op)` in submission
+    /// order: one call per stream per object, so waiters wake once per object.
+    fn on_durable(&self, ops: &[(u64, Op)]);
     fn on_indexed(&self, op_no: u64);
 }
 
@@ -367,9 +369,7 @@ impl Writer {
             .fetch_add(records as u64, Ordering::Relaxed);
         for chunk in &encoded.chunks {
             if let Some(listener) = &chunk.listener {
-                for (op_no, op) in &chunk.ops {
-                    listener.on_durable(*op_no, op);
-                }
+                listener.on_durable(&chunk.ops);
             }
             stats
                 .ops_written

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri};
+use axum::http::{HeaderValue, Method, Request, Response, StatusCode};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -20,14 +20,14 @@ pub use query::percent_decode;
 
 pub type HttpResult = Result<Response<Body>, ApiError>;
 
-/// Entry point for every request that is not a reserved path.
+/// Entry point for every request that is not a reserved path. Takes the request
+/// whole: the `HeaderMap`/`Uri` extractors would clone them on every request.
 pub async fn handle(
     State(app): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request<Body>,
 ) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     if method == Method::OPTIONS {
         return Ok(Response::builder()
             .status(StatusCode::NO_CONTENT)
@@ -53,7 +53,10 @@ pub async fn handle(
             "method_not_allowed",
             format!("{method} is not supported on a stream; use PUT, POST, GET, HEAD or DELETE"),
         )
-        .with_header("allow", "GET, POST, PUT, DELETE, HEAD, OPTIONS")),
+        .with_header(
+            axum::http::header::ALLOW,
+            "GET, POST, PUT, DELETE, HEAD, OPTIONS",
+        )),
     }
 }
 
@@ -73,6 +76,12 @@ pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiErro
             ApiError::bad_request(format!("could not read the request body: {e}"))
         }
     })
+}
+
+/// `Stream-Next-Offset` and friends: the wire form straight into a header value, with
+/// no formatter and no intermediate `String` (one of these is on every response).
+pub fn offset_value(offset: picomq_engine::Offset) -> HeaderValue {
+    HeaderValue::from_bytes(&offset.encode()).expect("an offset is digits and one underscore")
 }
 
 /// A header value from server-controlled or validated text.

@@ -46,8 +46,14 @@ pub fn stream_name(path: &str, max_bytes: usize) -> Result<String, ApiError> {
         )));
     }
     for segment in name.split('/') {
-        let decoded = percent_decode(segment)
-            .ok_or_else(|| ApiError::bad_request("stream path has a malformed percent-escape"))?;
+        // Most segments have nothing to decode: check them in place, no allocation.
+        let decoded = if segment.bytes().any(|b| b == b'%' || b == b'+') {
+            std::borrow::Cow::Owned(percent_decode(segment).ok_or_else(|| {
+                ApiError::bad_request("stream path has a malformed percent-escape")
+            })?)
+        } else {
+            std::borrow::Cow::Borrowed(segment)
+        };
         if segment.is_empty() {
             return Err(ApiError::bad_request(
                 "stream path has an empty segment (// or a trailing /)",

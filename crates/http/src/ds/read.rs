@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, Response, StatusCode};
 use bytes::{BufMut, Bytes, BytesMut};
 use picomq_engine::{OffsetQuery, ReadChunk, StreamRef, WaitOutcome};
 
-use super::{query, value, HttpResult};
+use super::{offset_value, query, value, HttpResult};
 use crate::cursor::next_cursor;
 use crate::error::ApiError;
 use crate::headers::*;
@@ -25,7 +25,7 @@ pub async fn head(app: &AppState, name: String) -> HttpResult {
     let mut r = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, value(&info.content_type))
-        .header(STREAM_NEXT_OFFSET, info.tail.to_string())
+        .header(STREAM_NEXT_OFFSET, offset_value(info.tail))
         .header(header::CACHE_CONTROL, "no-store")
         .header(
             header::ETAG,
@@ -126,7 +126,7 @@ pub async fn get(
         if chunk.segments.is_empty() {
             let mut r = Response::builder()
                 .status(StatusCode::NO_CONTENT)
-                .header(STREAM_NEXT_OFFSET, chunk.next.to_string())
+                .header(STREAM_NEXT_OFFSET, offset_value(chunk.next))
                 .header(STREAM_UP_TO_DATE, "true")
                 .header(header::CACHE_CONTROL, "no-store");
             if chunk.closed {
@@ -161,7 +161,7 @@ pub async fn get(
             header::CONTENT_TYPE,
             value(&stream.handle.config.content_type),
         )
-        .header(STREAM_NEXT_OFFSET, chunk.next.to_string())
+        .header(STREAM_NEXT_OFFSET, offset_value(chunk.next))
         .header(header::ETAG, etag)
         .header(
             header::CACHE_CONTROL,
@@ -190,7 +190,7 @@ fn now_response(stream: &StreamRef) -> Response<Body> {
     let mut r = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, value(&info.content_type))
-        .header(STREAM_NEXT_OFFSET, info.tail.to_string())
+        .header(STREAM_NEXT_OFFSET, offset_value(info.tail))
         .header(STREAM_UP_TO_DATE, "true")
         .header(header::CACHE_CONTROL, "no-store");
     if info.closed {

@@ -6,14 +6,14 @@ use picomq_engine::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Offset, ProducerHeaders,
 };
 
-use super::{query, read_body, value, HttpResult};
+use super::{offset_value, query, read_body, value, HttpResult};
 use crate::error::ApiError;
 use crate::headers::{self, *};
 use crate::AppState;
 
 /// A Content-Type worth keeping: `type/subtype` shaped, else `None`.
 fn content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let raw = headers::text(headers, "content-type")?
+    let raw = headers::text(headers, &header::CONTENT_TYPE)?
         .map(str::trim)
         .filter(|s| !s.is_empty());
     Ok(raw
@@ -32,8 +32,8 @@ fn looks_like_media_type(ct: &str) -> bool {
 }
 
 pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Body) -> HttpResult {
-    let ttl = headers::text(headers, STREAM_TTL)?;
-    let expires_at = headers::text(headers, STREAM_EXPIRES_AT)?;
+    let ttl = headers::text(headers, &STREAM_TTL)?;
+    let expires_at = headers::text(headers, &STREAM_EXPIRES_AT)?;
     if ttl.is_some() && expires_at.is_some() {
         return Err(ApiError::bad_request(
             "Stream-TTL and Stream-Expires-At are mutually exclusive",
@@ -49,9 +49,9 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
             ));
         }
     }
-    let forked_from = headers::text(headers, STREAM_FORKED_FROM)?;
-    let fork_offset = headers::text(headers, STREAM_FORK_OFFSET)?;
-    let sub_offset = headers::text(headers, STREAM_FORK_SUB_OFFSET)?;
+    let forked_from = headers::text(headers, &STREAM_FORKED_FROM)?;
+    let fork_offset = headers::text(headers, &STREAM_FORK_OFFSET)?;
+    let sub_offset = headers::text(headers, &STREAM_FORK_SUB_OFFSET)?;
     if forked_from.is_none() && (fork_offset.is_some() || sub_offset.is_some()) {
         return Err(ApiError::bad_request(
             "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
@@ -85,7 +85,7 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
         content_type: content_type(headers)?,
         ttl_secs,
         expires_at: expires_at.map(str::to_string),
-        closed: headers::flag_true(headers, STREAM_CLOSED),
+        closed: headers::flag_true(headers, &STREAM_CLOSED),
         fork,
         body,
     };
@@ -97,9 +97,9 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
             StatusCode::OK
         })
         .header(header::CONTENT_TYPE, value(&info.content_type))
-        .header(STREAM_NEXT_OFFSET, info.tail.to_string());
+        .header(STREAM_NEXT_OFFSET, offset_value(info.tail));
     if created {
-        let host = headers::text(headers, "host")?.unwrap_or("localhost");
+        let host = headers::text(headers, &header::HOST)?.unwrap_or("localhost");
         resp = resp.header(header::LOCATION, value(format!("http://{host}/{name}")));
     }
     if info.closed {
@@ -109,9 +109,9 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
 }
 
 fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
-    let id = headers::text(headers, PRODUCER_ID)?;
-    let epoch = headers::text(headers, PRODUCER_EPOCH)?;
-    let seq = headers::text(headers, PRODUCER_SEQ)?;
+    let id = headers::text(headers, &PRODUCER_ID)?;
+    let epoch = headers::text(headers, &PRODUCER_EPOCH)?;
+    let seq = headers::text(headers, &PRODUCER_SEQ)?;
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(id), Some(epoch), Some(seq)) => {
@@ -132,9 +132,9 @@ fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
 
 pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Body) -> HttpResult {
     let producer = producer(headers)?;
-    let close = headers::flag_true(headers, STREAM_CLOSED);
-    let stream_seq = headers::text(headers, STREAM_SEQ)?.map(str::to_string);
-    let raw_content_type = headers::text(headers, "content-type")?.map(str::to_string);
+    let close = headers::flag_true(headers, &STREAM_CLOSED);
+    let stream_seq = headers::text(headers, &STREAM_SEQ)?.map(str::to_string);
+    let raw_content_type = headers::text(headers, &header::CONTENT_TYPE)?.map(str::to_string);
     let body = read_body(body, app.engine.config().append_bytes_max).await?;
     if body.is_empty() && !close {
         return Err(ApiError::bad_request(
@@ -176,7 +176,7 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
             };
             let mut r = Response::builder()
                 .status(status)
-                .header(STREAM_NEXT_OFFSET, tail.to_string());
+                .header(STREAM_NEXT_OFFSET, offset_value(tail));
             if closed {
                 r = r.header(STREAM_CLOSED, "true");
             }
@@ -193,7 +193,7 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
         } => {
             let mut r = Response::builder()
                 .status(StatusCode::NO_CONTENT)
-                .header(STREAM_NEXT_OFFSET, tail.to_string())
+                .header(STREAM_NEXT_OFFSET, offset_value(tail))
                 .header(PRODUCER_EPOCH, epoch)
                 .header(PRODUCER_SEQ, last_seq);
             if closed {
