@@ -16,6 +16,9 @@ use crate::offset::Offset;
 use crate::wal::format::{ForkOrigin, Op, ProducerStamp};
 use crate::wal::FlushedObject;
 
+mod tokens;
+pub use tokens::TokenRow;
+
 /// `SELECT` of every stream column (in `stream_row` order) followed by `$tail`.
 macro_rules! stream_select {
     ($tail:literal) => {
@@ -28,7 +31,10 @@ macro_rules! stream_select {
     };
 }
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/sqlite/0001_init.sql")),
+    (2, include_str!("../../migrations/sqlite/0002_auth.sql")),
+];
 
 /// A stream's row: its configuration and its state as of the last indexed op.
 #[derive(Clone, Debug)]
