@@ -18,7 +18,7 @@ use crate::auth::{Op, Principal};
 use crate::error::ApiError;
 use crate::AppState;
 
-pub use query::{percent_decode, stream_name};
+pub use query::{percent_decode, read_params, stream_name};
 
 pub type HttpResult = Result<Response<Body>, ApiError>;
 
