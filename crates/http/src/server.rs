@@ -36,15 +36,19 @@ pub struct ServerOptions {
     /// Connections open at once; beyond it the server stops accepting until one ends.
     pub connections_max: usize,
     pub tls: Option<Arc<Tls>>,
+    /// Give each request its client address (`ConnectInfo`), for per-IP limits; off,
+    /// requests carry no extension (an allocation saved per request).
+    pub peer_address: bool,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(20),
             header_bytes_max: 64 * 1024,
             connections_max: 10_000,
             tls: None,
+            peer_address: false,
         }
     }
 }
@@ -194,9 +198,12 @@ async fn serve_io<I>(
 {
     let first_request = Arc::new(AtomicBool::new(false));
     let seen = first_request.clone();
+    let peer_address = options.peer_address;
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         seen.store(true, Ordering::Relaxed);
-        req.extensions_mut().insert(ConnectInfo(peer));
+        if peer_address {
+            req.extensions_mut().insert(ConnectInfo(peer));
+        }
         let mut app = app.clone();
         async move {
             let resp = tower_service::Service::call(&mut app, req.map(Body::new)).await;

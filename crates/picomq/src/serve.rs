@@ -437,6 +437,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         header_bytes_max: sec.max_header_bytes,
         connections_max: sec.max_connections,
         tls,
+        peer_address: sec.rate_limit_ip.is_some(),
     };
     let server = picomq_http::server::serve(listener, app, options, shutdown.clone());
     let mut server = tokio::spawn(server);

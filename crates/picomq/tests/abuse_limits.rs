@@ -65,6 +65,18 @@ async fn slow_and_idle_clients_are_cut_off() {
         "closed too early: {took:?}"
     );
 
+    // One request, then an idle keep-alive connection: answered, then closed.
+    let mut kept = TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (got, took) = read_until_closed(&mut kept, Duration::from_secs(5)).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed too early: {took:?}"
+    );
+
     // Trickles a request head, one header line every 200ms, forever.
     let mut trickle = TcpStream::connect(&addr).await.unwrap();
     trickle
