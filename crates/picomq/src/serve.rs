@@ -49,7 +49,7 @@ pub struct SecurityArgs {
     #[arg(long, env = "PICOMQ_BOOTSTRAP_TOKEN_FILE", value_name = "PATH")]
     pub bootstrap_token_file: Option<PathBuf>,
     /// With --auth off, listen on a non-loopback address anyway (anyone who reaches
-    /// the port may read, write and delete every stream).
+    /// the port may read, write and delete every stream) [default: off].
     #[arg(long, env = "PICOMQ_ALLOW_UNAUTHENTICATED_PUBLIC")]
     pub allow_unauthenticated_public: bool,
     /// PEM certificate chain: serve HTTPS (reloaded with the key on SIGHUP) [default: none].
