@@ -396,7 +396,6 @@ async fn namespaced_tokens_cannot_reach_outside_their_namespace() {
         json!({ "scopes": ["read"], "namespace": "team/" }),
     )
     .await;
-    let _ = tenant.len();
     call(
         &s,
         HttpMethod::PUT,
