@@ -1,27 +1,35 @@
 //! PicoMQ's HTTP edge: the Durable Streams protocol on every path, plus the reserved
-//! server paths (health, metrics). Limits, error mapping and browser headers are
-//! applied here, once.
+//! server paths (health, metrics, tokens). Authentication, limits, error mapping and
+//! browser headers are applied here, once; `server` owns connections (TLS, timeouts).
 
+pub mod auth;
 pub mod cursor;
 pub mod ds;
 pub mod error;
 pub mod headers;
+pub mod limits;
 pub mod listing;
 pub mod metrics;
+pub mod server;
 pub mod shutdown;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use axum::middleware::Next;
-use axum::routing::get;
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
 use axum::Router;
 use picomq_engine::Engine;
 use tracing::Instrument;
+
+use auth::{Auth, Principal};
+use limits::{LiveReaders, RateLimiter};
 
 pub use shutdown::{ShutdownSignal, ShutdownTrigger};
 
@@ -33,6 +41,20 @@ pub struct HttpConfig {
     pub sse_max_duration: Duration,
     /// Fired at shutdown: live readers answer at once and /readyz turns 503.
     pub shutdown: ShutdownSignal,
+    /// Tokens and their checks; `None` is `--auth off`: every request may do anything.
+    pub auth: Option<Arc<Auth>>,
+    /// Which browser origins may call the API.
+    pub cors: Cors,
+    /// A request body must arrive within this long (slow senders get 408).
+    pub body_read_timeout: Duration,
+    /// Requests per second (and burst) per client IP; `None`: unlimited.
+    pub rate_limit_ip: Option<(f64, f64)>,
+    /// Requests per second (and burst) per token; `None`: unlimited.
+    pub rate_limit_token: Option<(f64, f64)>,
+    /// Concurrent live reads (long-poll, SSE) of one stream.
+    pub live_readers_per_stream_max: usize,
+    /// Concurrent live reads with one token.
+    pub live_readers_per_token_max: usize,
 }
 
 impl Default for HttpConfig {
@@ -41,7 +63,53 @@ impl Default for HttpConfig {
             long_poll_timeout: Duration::from_secs(25),
             sse_max_duration: Duration::from_secs(60),
             shutdown: ShutdownSignal::never(),
+            auth: None,
+            cors: Cors::Any,
+            body_read_timeout: Duration::from_secs(30),
+            rate_limit_ip: None,
+            rate_limit_token: None,
+            live_readers_per_stream_max: 10_000,
+            live_readers_per_token_max: 10_000,
         }
+    }
+}
+
+/// Browser origins allowed to call the API (CORS).
+#[derive(Clone, Debug)]
+pub enum Cors {
+    /// `Access-Control-Allow-Origin: *`, never with credentials.
+    Any,
+    /// Only these origins (`https://app.example.com`), echoed back with
+    /// `Access-Control-Allow-Credentials: true`; preflights from others get 403.
+    Origins(Vec<HeaderValue>),
+}
+
+impl Cors {
+    /// `*` or a comma-separated list of origins (scheme://host[:port]).
+    pub fn parse(list: &str) -> Result<Cors, String> {
+        let list = list.trim();
+        if list == "*" {
+            return Ok(Cors::Any);
+        }
+        let mut origins = Vec::new();
+        for o in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let valid = (o.starts_with("http://") || o.starts_with("https://"))
+                && !o.ends_with('/')
+                && o.len() <= 256
+                && o.split_once("://").is_some_and(|(_, h)| {
+                    !h.is_empty() && !h.contains('/') && h.bytes().all(|b| b.is_ascii_graphic())
+                });
+            if o == "*" || !valid {
+                return Err(format!(
+                    "CORS origin {o:?}: use * alone, or origins like https://app.example.com (scheme and host, no path)"
+                ));
+            }
+            origins.push(HeaderValue::from_str(o).map_err(|e| e.to_string())?);
+        }
+        if origins.is_empty() {
+            return Err("the CORS origin list is empty (use * to allow any origin)".into());
+        }
+        Ok(Cors::Origins(origins))
     }
 }
 
@@ -52,6 +120,14 @@ pub struct AppState {
     pub live_readers: AtomicU64,
     pub request_ids: AtomicU64,
     pub shutdown: ShutdownSignal,
+    /// Whether the `guard` middleware runs (auth or rate limits are on).
+    pub guarded: bool,
+    pub auth: Option<Arc<Auth>>,
+    pub cors: Cors,
+    pub body_read_timeout: Duration,
+    pub ip_limiter: Option<RateLimiter<IpAddr>>,
+    pub token_limiter: Option<RateLimiter<String>>,
+    pub live: Arc<LiveReaders>,
 }
 
 pub fn router(engine: Engine, config: HttpConfig) -> Router {
@@ -68,24 +144,90 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         live_readers: AtomicU64::new(0),
         request_ids: AtomicU64::new(0),
         shutdown: config.shutdown,
+        guarded: config.auth.is_some()
+            || config.rate_limit_ip.is_some()
+            || config.rate_limit_token.is_some(),
+        auth: config.auth,
+        cors: config.cors,
+        body_read_timeout: config.body_read_timeout,
+        ip_limiter: config
+            .rate_limit_ip
+            .map(|(rate, burst)| RateLimiter::new(rate, burst)),
+        token_limiter: config
+            .rate_limit_token
+            .map(|(rate, burst)| RateLimiter::new(rate, burst)),
+        live: LiveReaders::new(
+            config.live_readers_per_stream_max,
+            config.live_readers_per_token_max,
+        ),
     });
-    let admin = Router::new()
+    let mut admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::metrics))
-        .with_state(state.clone());
-    let api = Router::new()
+        .route("/metrics", get(metrics::metrics));
+    let mut api = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
         .route(listing::PATH, get(listing::list))
-        .fallback(ds::handle)
+        .route(
+            auth::endpoints::TOKENS_PATH,
+            post(auth::endpoints::create).get(auth::endpoints::list),
+        )
+        .route(auth::endpoints::TOKEN_PATH, delete(auth::endpoints::revoke))
+        .route(
+            auth::endpoints::READ_TOKENS_PATH,
+            post(auth::endpoints::mint_read_token),
+        )
+        .fallback(ds::handle);
+    // Without auth and rate limits the guard is not in the stack at all: it costs
+    // nothing on the hot path.
+    if state.guarded {
+        let guard = axum::middleware::from_fn_with_state(state.clone(), guard);
+        api = api.layer(guard.clone());
+        admin = admin.layer(guard);
+    }
+    let api = api
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             common_headers,
         ))
-        .with_state(state);
-    (api, admin)
+        .with_state(state.clone());
+    (api, admin.with_state(state))
+}
+
+/// Rate limits (per client IP, then per token) and authentication: a request with a
+/// credential gets its `Principal` as an extension, or 401 if the credential is bad.
+/// Requests without one pass on; each handler decides what needs which scope.
+async fn guard(
+    State(app): State<Arc<AppState>>,
+    mut req: Request<Body>,
+    next: Next,
+) -> Response<Body> {
+    let now = Instant::now();
+    if let (Some(limiter), Some(ConnectInfo(peer))) = (
+        &app.ip_limiter,
+        req.extensions().get::<ConnectInfo<SocketAddr>>(),
+    ) {
+        if let Err(wait) = limiter.check(&peer.ip(), now) {
+            return limits::too_many_requests("from this address", wait).into_response();
+        }
+    }
+    if let Some(auth) = &app.auth {
+        match auth.authenticate(req.method(), req.uri().query(), req.headers()) {
+            Ok(Some(principal)) => {
+                if let (Some(limiter), Principal::Token(t)) = (&app.token_limiter, &principal) {
+                    if let Err(wait) = limiter.check(&t.id, now) {
+                        return limits::too_many_requests("with this token", wait).into_response();
+                    }
+                }
+                req.extensions_mut().insert(principal);
+            }
+            Ok(None) => {}
+            Err(e) => return e.into_response(),
+        }
+    }
+    next.run(req).await
 }
 
 /// What the port serves while the node recovers, before `router`: alive (`/healthz`
@@ -127,15 +269,42 @@ async fn common_headers(
         "request",
         id = id.to_str().unwrap_or("-"),
         method = %req.method(),
+        // The path only: the query may hold a read token and must never be logged.
         path = req.uri().path(),
     );
-    let mut resp = next.run(req).instrument(span.clone()).await;
+    let origin = match &app.cors {
+        Cors::Any => None,
+        Cors::Origins(_) => req.headers().get(header::ORIGIN).cloned(),
+    };
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut resp = if preflight {
+        preflight_response(&app.cors, origin.as_ref())
+    } else {
+        next.run(req).instrument(span.clone()).await
+    };
     access_log(&span, resp.status(), started);
     let h = resp.headers_mut();
-    h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
+    match &app.cors {
+        Cors::Any => {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            );
+        }
+        Cors::Origins(allowed) => {
+            h.insert(header::VARY, HeaderValue::from_static("origin"));
+            if let Some(origin) = origin.filter(|o| allowed.contains(o)) {
+                h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+                h.insert(
+                    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                    HeaderValue::from_static("true"),
+                );
+            }
+        }
+    }
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static(headers::CORS_ALLOW_METHODS),
@@ -158,6 +327,26 @@ async fn common_headers(
     );
     h.insert(headers::REQUEST_ID, id);
     resp
+}
+
+/// A CORS preflight (OPTIONS with Access-Control-Request-Method), answered before
+/// authentication since browsers send no credentials with it.
+fn preflight_response(cors: &Cors, origin: Option<&HeaderValue>) -> Response<Body> {
+    if let Cors::Origins(allowed) = cors {
+        if !origin.is_some_and(|o| allowed.contains(o)) {
+            return error::ApiError::new(
+                StatusCode::FORBIDDEN,
+                "cors_origin_not_allowed",
+                "this origin may not call the API (see --cors-origins)",
+            )
+            .into_response();
+        }
+    }
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .header(header::ACCESS_CONTROL_MAX_AGE, "600")
+        .body(Body::empty())
+        .expect("static response")
 }
 
 /// Latency is the time to the response head (for SSE and long-polls, until they start

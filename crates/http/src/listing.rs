@@ -8,11 +8,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, Response, StatusCode};
+use axum::Extension;
 use picomq_engine::meta::StreamRow;
 use picomq_engine::stream::{now_ms, parse_rfc3339_ms};
 use picomq_engine::EngineError;
 use serde_json::json;
 
+use crate::auth::{Op, Principal, Token};
 use crate::ds::percent_decode;
 use crate::error::ApiError;
 use crate::AppState;
@@ -89,23 +91,51 @@ fn rfc3339_ms(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-pub async fn list(State(app): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> Response<Body> {
-    match list_page(&app, raw.as_deref()).await {
+pub async fn list(
+    State(app): State<Arc<AppState>>,
+    principal: Option<Extension<Principal>>,
+    RawQuery(raw): RawQuery,
+) -> Response<Body> {
+    let viewer = match &app.auth {
+        None => None,
+        Some(auth) => match auth.require_op(principal.as_deref(), Op::Read) {
+            Ok(t) => Some(t),
+            Err(e) => return axum::response::IntoResponse::into_response(e),
+        },
+    };
+    match list_page(&app, viewer.as_deref(), raw.as_deref()).await {
         Ok(r) => r,
         Err(e) => axum::response::IntoResponse::into_response(e),
     }
 }
 
-async fn list_page(app: &AppState, raw: Option<&str>) -> Result<Response<Body>, ApiError> {
-    let p = params(raw)?;
+/// With auth on, `viewer` sees only the streams it may read, named relative to its
+/// namespace; `prefix` and `after` are relative to it too.
+async fn list_page(
+    app: &AppState,
+    viewer: Option<&Token>,
+    raw: Option<&str>,
+) -> Result<Response<Body>, ApiError> {
+    let mut p = params(raw)?;
+    let namespace = viewer.map_or("", |t| t.namespace.as_str());
+    if !namespace.is_empty() {
+        p.prefix = format!("{namespace}{}", p.prefix);
+        if !p.after.is_empty() {
+            p.after = format!("{namespace}{}", p.after);
+        }
+    }
     // One extra row says whether another page exists, so the last page says so.
     let mut rows = app.engine.list(&p.prefix, &p.after, p.limit + 1).await?;
     let more = rows.len() > p.limit as usize;
     rows.truncate(p.limit as usize);
-    let next = more.then(|| rows.last().map(|r| r.name.clone())).flatten();
+    let shown = |name: &str| name.strip_prefix(namespace).unwrap_or(name).to_string();
+    let next = more.then(|| rows.last().map(|r| shown(&r.name))).flatten();
     let now = now_ms();
     let mut streams = Vec::with_capacity(rows.len());
     for row in rows {
+        if viewer.is_some_and(|t| !t.allows(Op::Read, &row.name)) {
+            continue;
+        }
         let (tail, closed) = if maybe_expired(&row, now) {
             match app.engine.head(&row.name).await {
                 Ok(info) => (info.tail, info.closed),
@@ -116,7 +146,7 @@ async fn list_page(app: &AppState, raw: Option<&str>) -> Result<Response<Body>, 
             (row.tail, row.closed)
         };
         streams.push(json!({
-            "name": row.name,
+            "name": shown(&row.name),
             "contentType": row.content_type,
             "nextOffset": tail.to_string(),
             "closed": closed,

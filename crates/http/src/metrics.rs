@@ -9,11 +9,23 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::Response;
+use axum::response::IntoResponse;
+use axum::Extension;
 use picomq_engine::metrics::Exposition;
 
+use crate::auth::{Op, Principal};
 use crate::AppState;
 
-pub async fn metrics(State(app): State<Arc<AppState>>) -> Response<Body> {
+/// With auth on, only for tokens with the admin scope.
+pub async fn metrics(
+    State(app): State<Arc<AppState>>,
+    principal: Option<Extension<Principal>>,
+) -> Response<Body> {
+    if let Some(auth) = &app.auth {
+        if let Err(e) = auth.require_op(principal.as_deref(), Op::Admin) {
+            return e.into_response();
+        }
+    }
     let mut out = Exposition::new();
     app.engine.write_metrics(&mut out).await;
     out.single(

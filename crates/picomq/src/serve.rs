@@ -5,16 +5,118 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use picomq_engine::{meta::Meta, Engine, EngineConfig, WalConfig};
-use picomq_http::{HttpConfig, ShutdownSignal, ShutdownTrigger};
+use picomq_http::auth::{Auth, AuthConfig};
+use picomq_http::server::{ServerOptions, Tls};
+use picomq_http::{Cors, HttpConfig, ShutdownSignal, ShutdownTrigger};
 use tokio::time::Instant;
 
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
+}
+
+fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a positive number of requests per second"
+        )),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// Every request needs a token (or a signed read token for reads).
+    Required,
+    /// No authentication: anyone who reaches the port may do anything.
+    Off,
+}
+
+/// Who may connect and how much they may do: authentication, TLS, CORS and the abuse
+/// limits of the HTTP edge.
+#[derive(Args, Debug)]
+pub struct SecurityArgs {
+    /// Authentication: `required` (bearer tokens with scopes) or `off`.
+    #[arg(long, env = "PICOMQ_AUTH", value_enum, default_value = "off")]
+    pub auth: AuthMode,
+    /// File holding the bootstrap admin token (any secret of 32 to 512 visible ASCII
+    /// characters, e.g. from `openssl rand -hex 32`). Set at first start; a changed
+    /// file replaces it at the next start [default: none].
+    #[arg(long, env = "PICOMQ_BOOTSTRAP_TOKEN_FILE", value_name = "PATH")]
+    pub bootstrap_token_file: Option<PathBuf>,
+    /// With --auth off, listen on a non-loopback address anyway (anyone who reaches
+    /// the port may read, write and delete every stream) [default: off].
+    #[arg(long, env = "PICOMQ_ALLOW_UNAUTHENTICATED_PUBLIC")]
+    pub allow_unauthenticated_public: bool,
+    /// PEM certificate chain: serve HTTPS (reloaded with the key on SIGHUP) [default: none].
+    #[arg(
+        long,
+        env = "PICOMQ_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert [default: none].
+    #[arg(
+        long,
+        env = "PICOMQ_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Browser origins allowed to call the API: `*`, or a comma-separated list such as
+    /// https://app.example.com (listed origins also get Allow-Credentials).
+    #[arg(long, env = "PICOMQ_CORS_ORIGINS", default_value = "*")]
+    pub cors_origins: String,
+    /// Requests per second per client IP address [default: unlimited].
+    #[arg(long, env = "PICOMQ_RATE_LIMIT_IP", value_parser = rate, value_name = "RPS")]
+    pub rate_limit_ip: Option<f64>,
+    /// Requests per second per token [default: unlimited].
+    #[arg(long, env = "PICOMQ_RATE_LIMIT_TOKEN", value_parser = rate, value_name = "RPS")]
+    pub rate_limit_token: Option<f64>,
+    /// Requests a client may make at once above its rate [default: one second's worth].
+    #[arg(long, env = "PICOMQ_RATE_LIMIT_BURST", value_parser = rate)]
+    pub rate_limit_burst: Option<f64>,
+    /// Concurrent live readers (long-poll and SSE) of one stream.
+    #[arg(
+        long,
+        env = "PICOMQ_MAX_LIVE_READERS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    pub max_live_readers_per_stream: usize,
+    /// Concurrent live readers (long-poll and SSE) with one token.
+    #[arg(
+        long,
+        env = "PICOMQ_MAX_LIVE_READERS_PER_TOKEN",
+        default_value_t = 10_000
+    )]
+    pub max_live_readers_per_token: usize,
+    /// Streams a namespaced token may have under its namespace [default: unlimited].
+    #[arg(long, env = "PICOMQ_MAX_STREAMS_PER_NAMESPACE")]
+    pub max_streams_per_namespace: Option<u64>,
+    /// Tokens the server holds (revoked ones included).
+    #[arg(long, env = "PICOMQ_MAX_TOKENS", default_value_t = AuthConfig::default().tokens_max)]
+    pub max_tokens: usize,
+    /// Longest life of a signed read token (for EventSource query parameters).
+    #[arg(long, env = "PICOMQ_READ_TOKEN_MAX_TTL", default_value = "1h", value_parser = duration)]
+    pub read_token_max_ttl: Duration,
+    /// A request head (and TLS handshake) must arrive within this long; idle
+    /// keep-alive connections close after it too (defeats slow-loris clients).
+    #[arg(long, env = "PICOMQ_HEADER_READ_TIMEOUT", default_value = "20s", value_parser = duration)]
+    pub header_read_timeout: Duration,
+    /// A request body must arrive within this long, else 408.
+    #[arg(long, env = "PICOMQ_BODY_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub body_read_timeout: Duration,
+    /// Largest request head (request line plus headers), in bytes.
+    #[arg(long, env = "PICOMQ_MAX_HEADER_BYTES", default_value_t = ServerOptions::default().header_bytes_max)]
+    pub max_header_bytes: usize,
+    /// Client connections open at once; beyond it new ones wait in the backlog.
+    #[arg(long, env = "PICOMQ_MAX_CONNECTIONS", default_value_t = ServerOptions::default().connections_max)]
+    pub max_connections: usize,
 }
 
 #[derive(Args, Debug)]
@@ -93,6 +195,8 @@ pub struct ServeArgs {
     pub shutdown_timeout: Duration,
     #[command(flatten)]
     pub storage: crate::storage::StorageArgs,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 fn init_logging(args: &ServeArgs) -> Result<(), String> {
@@ -158,8 +262,79 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// The edge's settings, checked before anything is opened.
+fn check_security(args: &ServeArgs) -> Result<(Cors, Option<Arc<Tls>>), String> {
+    let sec = &args.security;
+    let public = !args.listen.ip().is_loopback();
+    if sec.auth == AuthMode::Off && public && !sec.allow_unauthenticated_public {
+        return Err(format!(
+            "refusing to listen on {} with --auth off: anyone reaching it could read, write and delete every stream. Use --auth required (with --bootstrap-token-file), listen on a loopback address, or pass --allow-unauthenticated-public if this is intended",
+            args.listen
+        ));
+    }
+    if sec.auth == AuthMode::Off && sec.bootstrap_token_file.is_some() {
+        return Err("--bootstrap-token-file needs --auth required".into());
+    }
+    for (name, v) in [
+        (
+            "max-live-readers-per-stream",
+            sec.max_live_readers_per_stream,
+        ),
+        ("max-live-readers-per-token", sec.max_live_readers_per_token),
+        ("max-tokens", sec.max_tokens),
+        ("max-header-bytes", sec.max_header_bytes),
+        ("max-connections", sec.max_connections),
+    ] {
+        if v == 0 {
+            return Err(format!("--{name} must be greater than 0"));
+        }
+    }
+    if sec.max_streams_per_namespace == Some(0) {
+        return Err("--max-streams-per-namespace must be greater than 0".into());
+    }
+    for (name, d) in [
+        ("header-read-timeout", sec.header_read_timeout),
+        ("body-read-timeout", sec.body_read_timeout),
+        ("read-token-max-ttl", sec.read_token_max_ttl),
+    ] {
+        if d < Duration::from_millis(1) {
+            return Err(format!("--{name} must be at least 1ms"));
+        }
+    }
+    let cors = Cors::parse(&sec.cors_origins).map_err(|e| format!("--cors-origins: {e}"))?;
+    let tls = match (&sec.tls_cert, &sec.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(Tls::load(cert, key)?)),
+        _ => None,
+    };
+    Ok((cors, tls))
+}
+
+/// Opens the token store (`--auth required`) and applies the bootstrap token.
+async fn open_auth(args: &ServeArgs, meta: Meta) -> Result<Option<Arc<Auth>>, String> {
+    let sec = &args.security;
+    if sec.auth == AuthMode::Off {
+        return Ok(None);
+    }
+    let config = AuthConfig {
+        tokens_max: sec.max_tokens,
+        read_token_ttl_max: sec.read_token_max_ttl,
+        streams_per_namespace_max: sec.max_streams_per_namespace,
+    };
+    let auth = Auth::open(meta, config).await?;
+    if let Some(path) = &sec.bootstrap_token_file {
+        let secret = std::fs::read_to_string(path)
+            .map_err(|e| format!("--bootstrap-token-file {}: {e}", path.display()))?;
+        auth.bootstrap(&secret).await?;
+    }
+    if !auth.any_live_token() {
+        return Err("--auth required, but no token can authenticate: give the first admin token with --bootstrap-token-file".into());
+    }
+    Ok(Some(Arc::new(auth)))
+}
+
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut signals = Signals::install()?;
+    let (cors, tls) = check_security(&args)?;
     let mut config = engine_config(&args)?;
     args.storage.configure(&mut config);
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
@@ -193,23 +368,32 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let (listener, recovering) = serve_while_recovering(listener)?;
+    let (listener, recovering) = serve_while_recovering(listener, tls.clone())?;
     // The admin port too: liveness probes pointed at it pass during a long recovery.
     let admin_port = match args.storage.admin_listen {
         Some(addr) => {
             let admin_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("--admin-listen {addr}: {e}"))?;
-            Some(serve_while_recovering(admin_listener)?)
+            Some(serve_while_recovering(admin_listener, None)?)
         }
         None => None,
     };
     tracing::info!(listen = %local, store = %store_url, meta = %meta_url, "recovering");
     let engine = tokio::select! {
-        r = Engine::open_instrumented(config, opened.store, opened.stats, meta) => r.map_err(|e| format!("recovery failed: {e}"))?,
+        r = Engine::open_instrumented(config, opened.store, opened.stats, meta.clone()) => r.map_err(|e| format!("recovery failed: {e}"))?,
         signal = signals.recv() => {
             tracing::info!(signal, "stopped during recovery");
             return Ok(());
+        }
+    };
+    // Tokens load after recovery: it may have restored the metadata (tokens included)
+    // from a checkpoint in the bucket.
+    let auth = match open_auth(&args, meta).await {
+        Ok(auth) => auth,
+        Err(e) => {
+            engine.shutdown().await;
+            return Err(e);
         }
     };
     recovering.stop().await;
@@ -221,10 +405,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         None => None,
     };
     let (trigger, shutdown) = ShutdownSignal::new();
+    let sec = &args.security;
+    let burst = |rps: f64| sec.rate_limit_burst.unwrap_or(rps).max(1.0);
     let http = HttpConfig {
         long_poll_timeout: args.long_poll_timeout,
         sse_max_duration: args.sse_max_duration,
         shutdown: shutdown.clone(),
+        auth,
+        cors,
+        body_read_timeout: sec.body_read_timeout,
+        rate_limit_ip: sec.rate_limit_ip.map(|r| (r, burst(r))),
+        rate_limit_token: sec.rate_limit_token.map(|r| (r, burst(r))),
+        live_readers_per_stream_max: sec.max_live_readers_per_stream,
+        live_readers_per_token_max: sec.max_live_readers_per_token,
     };
     let (app, admin) = picomq_http::routers(engine.clone(), http);
     if let Some(admin_listener) = admin_port {
@@ -237,14 +430,25 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
                 .await
         });
     }
-    tracing::info!(listen = %local, epoch = engine.epoch(), "picomq serving (ready)");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let stop = shutdown.clone();
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.fired().await });
-    let mut server = tokio::spawn(async move { server.await });
+    if let Some(tls) = &tls {
+        reload_tls_on_sighup(tls.clone())?;
+    }
+    tracing::info!(
+        listen = %local,
+        epoch = engine.epoch(),
+        tls = tls.is_some(),
+        auth = ?args.security.auth,
+        "picomq serving (ready)"
+    );
+    let options = ServerOptions {
+        header_read_timeout: sec.header_read_timeout,
+        header_bytes_max: sec.max_header_bytes,
+        connections_max: sec.max_connections,
+        tls,
+        peer_address: sec.rate_limit_ip.is_some(),
+    };
+    let server = picomq_http::server::serve(listener, app, options, shutdown.clone());
+    let mut server = tokio::spawn(server);
 
     let signal = tokio::select! {
         signal = signals.recv() => signal,
@@ -284,16 +488,40 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     }
 }
 
+/// SIGHUP reads the TLS certificate and key again; a bad file keeps the old ones.
+fn reload_tls_on_sighup(tls: Arc<Tls>) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup())
+            .map_err(|e| format!("installing the SIGHUP handler: {e}"))?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: TLS reload failed; keeping the previous certificate")
+                    }
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = tls;
+    Ok(())
+}
+
 /// The stand-in server on a duplicate of the listening socket while recovery runs.
 struct Recovering {
     stop: ShutdownTrigger,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Starts the stand-in on a duplicate of `listener`; hands the listener back for the
 /// real server.
 fn serve_while_recovering(
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<Tls>>,
 ) -> Result<(tokio::net::TcpListener, Recovering), String> {
     let io = |e: std::io::Error| format!("--listen: duplicating the socket: {e}");
     // `into_std` leaves the socket non-blocking, as `from_std` requires.
@@ -302,11 +530,15 @@ fn serve_while_recovering(
     let listener = tokio::net::TcpListener::from_std(listener).map_err(io)?;
     let dup = tokio::net::TcpListener::from_std(dup).map_err(io)?;
     let (stop, stopped) = ShutdownSignal::new();
-    let server = axum::serve(dup, picomq_http::recovering_router())
-        .with_graceful_shutdown(async move { stopped.fired().await });
+    let options = ServerOptions {
+        tls,
+        ..ServerOptions::default()
+    };
+    let server =
+        picomq_http::server::serve(dup, picomq_http::recovering_router(), options, stopped);
     let recovering = Recovering {
         stop,
-        task: tokio::spawn(async move { server.await }),
+        task: tokio::spawn(server),
     };
     Ok((listener, recovering))
 }

@@ -16,6 +16,9 @@ use crate::offset::Offset;
 use crate::wal::format::{AppendOp, ForkOrigin, Op, ProducerStamp};
 use crate::wal::FlushedObject;
 
+mod tokens;
+pub use tokens::TokenRow;
+
 /// `SELECT` of every stream column (in `stream_row` order) followed by `$tail`.
 macro_rules! stream_select {
     ($tail:literal) => {
@@ -34,6 +37,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/sqlite/0002_chunks_by_object.sql"),
     ),
+    (3, include_str!("../../migrations/sqlite/0003_auth.sql")),
 ];
 /// The schema version this binary writes: the last migration.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;

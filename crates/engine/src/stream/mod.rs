@@ -1444,6 +1444,16 @@ impl Engine {
         self.inner.meta.list(prefix, after, limit).await
     }
 
+    /// Live streams whose names start with `prefix`, counted up to `limit` (a quota
+    /// check: creates acknowledged so far are included).
+    pub async fn count_with_prefix(&self, prefix: &str, limit: u64) -> Result<u64> {
+        self.index_barrier().await?;
+        self.inner
+            .meta
+            .count_streams_with_prefix(prefix, limit)
+            .await
+    }
+
     // ---- background --------------------------------------------------------------
 
     async fn sweep_loop(self) {

@@ -13,10 +13,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, Method, Request, Response, StatusCode};
 
+use crate::auth::{Op, Principal};
 use crate::error::ApiError;
 use crate::AppState;
 
-pub use query::percent_decode;
+pub use query::{percent_decode, read_params, stream_name};
 
 pub type HttpResult = Result<Response<Body>, ApiError>;
 
@@ -26,7 +27,8 @@ pub async fn handle(
     State(app): State<Arc<AppState>>,
     request: Request<Body>,
 ) -> Result<Response<Body>, ApiError> {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let principal = parts.extensions.remove::<Principal>();
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     if method == Method::OPTIONS {
         return Ok(Response::builder()
@@ -34,7 +36,7 @@ pub async fn handle(
             .body(Body::empty())
             .expect("static response"));
     }
-    let name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
+    let mut name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
     if name.starts_with("__") {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -42,12 +44,32 @@ pub async fn handle(
             "paths whose first segment starts with __ are reserved for server APIs",
         ));
     }
+    let op = match method {
+        Method::PUT => Op::Create,
+        Method::POST => Op::Append,
+        Method::DELETE => Op::Delete,
+        Method::HEAD | Method::GET => Op::Read,
+        _ => Op::Admin,
+    };
+    // Authorization comes before any lookup: a refusal says nothing about whether the
+    // stream exists. With a namespaced token, `name` becomes the absolute name.
+    let principal = principal.as_ref();
+    let caller = match &app.auth {
+        None => Caller::Open,
+        Some(auth) if op != Op::Admin => {
+            name = auth.authorize_stream(principal, op, name)?;
+            Caller::Authorized {
+                principal: principal.expect("authorized callers have a principal"),
+            }
+        }
+        Some(_) => Caller::Open,
+    };
     match method {
-        Method::PUT => write::create(&app, name, &headers, body).await,
+        Method::PUT => write::create(&app, &caller, name, &headers, body).await,
         Method::POST => write::append(&app, name, &headers, body).await,
         Method::DELETE => write::delete(&app, name).await,
         Method::HEAD => read::head(&app, name).await,
-        Method::GET => read::get(&app, name, uri.query(), &headers).await,
+        Method::GET => read::get(&app, &caller, name, uri.query(), &headers).await,
         _ => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -60,9 +82,55 @@ pub async fn handle(
     }
 }
 
-/// Reads a request body, refusing more than `limit` bytes with 413.
-pub async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+/// Who is calling a stream handler, as far as the handler needs to know.
+pub enum Caller<'a> {
+    /// `--auth off`: anyone may do anything.
+    Open,
+    /// Authorized for the request's operation on its stream.
+    Authorized { principal: &'a Principal },
+}
+
+impl Caller<'_> {
+    /// The name to show the caller for the absolute `name`.
+    pub fn display_name<'n>(&self, name: &'n str) -> &'n str {
+        match self {
+            Caller::Authorized {
+                principal: Principal::Token(t),
+                ..
+            } => name.strip_prefix(t.namespace.as_str()).unwrap_or(name),
+            _ => name,
+        }
+    }
+
+    /// The token id live-reader limits count against.
+    pub fn token_id(&self) -> Option<&str> {
+        match self {
+            Caller::Authorized {
+                principal: Principal::Token(t),
+                ..
+            } => Some(&t.id),
+            _ => None,
+        }
+    }
+}
+
+/// Reads a request body, refusing more than `limit` bytes with 413 and a body that
+/// takes longer than `timeout` to arrive with 408.
+pub async fn read_body(
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<bytes::Bytes, ApiError> {
+    let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await;
+    let read = read.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("the request body did not arrive within {timeout:?}"),
+        )
+        .with_header("connection", "close")
+    })?;
+    read.map_err(|e| {
         let too_large = std::error::Error::source(&e)
             .is_some_and(|s| s.to_string().contains("length limit"))
             || e.to_string().contains("length limit");

@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, Response, StatusCode};
 use bytes::{BufMut, Bytes, BytesMut};
 use picomq_engine::{OffsetQuery, ReadChunk, StreamRef, WaitOutcome};
 
-use super::{offset_value, query, value, HttpResult};
+use super::{offset_value, query, value, Caller, HttpResult};
 use crate::cursor::next_cursor;
 use crate::error::ApiError;
 use crate::headers::*;
@@ -64,6 +64,7 @@ pub fn now_secs() -> u64 {
 
 pub async fn get(
     app: &Arc<AppState>,
+    caller: &Caller<'_>,
     name: String,
     raw_query: Option<&str>,
     headers: &HeaderMap,
@@ -89,6 +90,10 @@ pub async fn get(
         OffsetQuery::parse(offset_param).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stream = app.engine.stream(&name).await?;
     app.engine.touch(&stream);
+    let slot = match live {
+        Live::CatchUp => None,
+        _ => Some(app.live.acquire(&name, caller.token_id())?),
+    };
     let tail = stream.info().tail;
     let from = match query {
         OffsetQuery::Start => picomq_engine::Offset::ZERO,
@@ -102,6 +107,7 @@ pub async fn get(
                 stream,
                 from,
                 params.cursor,
+                slot,
             ))
         }
         Live::CatchUp if query == OffsetQuery::Now => return Ok(now_response(&stream)),

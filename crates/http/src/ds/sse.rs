@@ -31,6 +31,7 @@ pub fn respond(
     stream: StreamRef,
     from: Offset,
     cursor: Option<String>,
+    slot: Option<crate::limits::LiveSlot>,
 ) -> Response<Body> {
     let media = picomq_engine::stream::media_type(&stream.handle.config.content_type);
     let encoding = if media.starts_with("text/") || media == "application/json" {
@@ -42,6 +43,8 @@ pub fn respond(
     app.live_readers
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tokio::spawn(async move {
+        // Held for as long as the connection is served.
+        let _slot = slot;
         if let Err(e) = pump(&app, &stream, from, cursor, encoding, &tx).await {
             tracing::debug!(stream = %stream.handle.config.name, error = %e, "SSE ended");
         }

@@ -6,7 +6,8 @@ use picomq_engine::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Offset, ProducerHeaders,
 };
 
-use super::{offset_value, query, read_body, value, HttpResult};
+use super::{offset_value, query, read_body, value, Caller, HttpResult};
+use crate::auth::Op;
 use crate::error::ApiError;
 use crate::headers::{self, *};
 use crate::AppState;
@@ -31,7 +32,13 @@ fn looks_like_media_type(ct: &str) -> bool {
     essence.split_once('/').is_some_and(|(t, s)| ok(t) && ok(s))
 }
 
-pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Body) -> HttpResult {
+pub async fn create(
+    app: &AppState,
+    caller: &Caller<'_>,
+    name: String,
+    headers: &HeaderMap,
+    body: Body,
+) -> HttpResult {
     let ttl = headers::text(headers, &STREAM_TTL)?;
     let expires_at = headers::text(headers, &STREAM_EXPIRES_AT)?;
     if ttl.is_some() && expires_at.is_some() {
@@ -60,8 +67,12 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     let fork = match forked_from {
         None => None,
         Some(source) => {
-            let source =
+            let mut source =
                 query::stream_name(source.trim(), app.engine.config().stream_name_bytes_max)?;
+            // A fork reads its source: the caller needs read on it too.
+            if let (Some(auth), Caller::Authorized { principal, .. }) = (&app.auth, caller) {
+                source = auth.authorize_stream(Some(principal), Op::Read, source)?;
+            }
             let offset = fork_offset
                 .map(|o| {
                     Offset::parse(o)
@@ -79,7 +90,13 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
             })
         }
     };
-    let body = read_body(body, app.engine.config().append_bytes_max).await?;
+    let body = read_body(
+        body,
+        app.engine.config().append_bytes_max,
+        app.body_read_timeout,
+    )
+    .await?;
+    check_namespace_quota(app, caller, &name).await?;
     let request = CreateRequest {
         name: name.clone(),
         content_type: content_type(headers)?,
@@ -100,12 +117,52 @@ pub async fn create(app: &AppState, name: String, headers: &HeaderMap, body: Bod
         .header(STREAM_NEXT_OFFSET, offset_value(info.tail));
     if created {
         let host = headers::text(headers, &header::HOST)?.unwrap_or("localhost");
-        resp = resp.header(header::LOCATION, value(format!("http://{host}/{name}")));
+        let shown = caller.display_name(&name);
+        resp = resp.header(header::LOCATION, value(format!("http://{host}/{shown}")));
     }
     if info.closed {
         resp = resp.header(STREAM_CLOSED, "true");
     }
     Ok(resp.body(Body::empty()).expect("valid response"))
+}
+
+/// `--max-streams-per-namespace`: a namespaced token creates no more streams than
+/// this under its namespace (re-creating an existing one is always fine).
+async fn check_namespace_quota(
+    app: &AppState,
+    caller: &Caller<'_>,
+    name: &str,
+) -> Result<(), ApiError> {
+    let (
+        Some(auth),
+        Caller::Authorized {
+            principal: crate::auth::Principal::Token(t),
+            ..
+        },
+    ) = (&app.auth, caller)
+    else {
+        return Ok(());
+    };
+    let Some(max) = auth.config.streams_per_namespace_max else {
+        return Ok(());
+    };
+    if t.namespace.is_empty() {
+        return Ok(());
+    }
+    if app.engine.count_with_prefix(&t.namespace, max).await? < max {
+        return Ok(());
+    }
+    match app.engine.head(name).await {
+        Ok(_) => Ok(()),
+        Err(picomq_engine::EngineError::NotFound | picomq_engine::EngineError::Gone) => {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "namespace_quota_exceeded",
+                format!("this token's namespace already holds its maximum of {max} streams (--max-streams-per-namespace); delete some first"),
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
@@ -135,7 +192,12 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     let close = headers::flag_true(headers, &STREAM_CLOSED);
     let stream_seq = headers::text(headers, &STREAM_SEQ)?.map(str::to_string);
     let raw_content_type = headers::text(headers, &header::CONTENT_TYPE)?.map(str::to_string);
-    let body = read_body(body, app.engine.config().append_bytes_max).await?;
+    let body = read_body(
+        body,
+        app.engine.config().append_bytes_max,
+        app.body_read_timeout,
+    )
+    .await?;
     if body.is_empty() && !close {
         return Err(ApiError::bad_request(
             "append body is empty (only a close, Stream-Closed: true, may be empty)",

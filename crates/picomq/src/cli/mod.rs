@@ -8,6 +8,7 @@ mod append;
 mod lifecycle;
 mod progress;
 mod tail;
+mod token;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -36,6 +37,11 @@ pub enum ClientCommand {
     Close(lifecycle::NameArgs),
     /// Delete a stream and its records.
     Rm(lifecycle::NameArgs),
+    /// Issue, list and revoke access tokens (servers run with --auth required).
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
 }
 
 pub async fn run(command: ClientCommand) -> ExitCode {
@@ -46,6 +52,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Tail(a) => a.read.conn.output,
         ClientCommand::Head(a) | ClientCommand::Close(a) | ClientCommand::Rm(a) => a.conn.output,
         ClientCommand::Ls(a) => a.conn.output,
+        ClientCommand::Token { command } => command.conn().output,
     };
     let result = match command {
         ClientCommand::Create(a) => lifecycle::create(a).await,
@@ -56,6 +63,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Ls(a) => lifecycle::ls(a).await,
         ClientCommand::Close(a) => lifecycle::close(a).await,
         ClientCommand::Rm(a) => lifecycle::rm(a).await,
+        ClientCommand::Token { command } => token::run(command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -316,3 +316,53 @@ pub async fn metric(client: &Client, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// The bootstrap admin secret the auth tests start servers with.
+pub const ADMIN_SECRET: &str = "test-admin-secret-0123456789abcdef0123456789abcdef";
+
+/// Starts a server with `--auth required` and `ADMIN_SECRET` as its bootstrap token.
+pub async fn start_with_auth(data_dir: &Path, extra: &[&str]) -> Server {
+    let file = data_dir.join("bootstrap-token");
+    std::fs::write(&file, format!("{ADMIN_SECRET}\n")).expect("write bootstrap token");
+    let mut args = vec![
+        "--auth",
+        "required",
+        "--bootstrap-token-file",
+        file.to_str().expect("utf-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    Server::start(data_dir, &args).await
+}
+
+/// `Authorization: Bearer SECRET`.
+pub fn bearer(secret: &str) -> String {
+    format!("Bearer {secret}")
+}
+
+/// Issues a token through the API with `issuer`'s secret; returns (id, secret) or
+/// panics with the server's answer.
+pub async fn issue_token(
+    client: &Client,
+    issuer: &str,
+    body: serde_json::Value,
+) -> (String, String) {
+    let auth = bearer(issuer);
+    let r = client
+        .send(
+            picomq_client::HttpMethod::POST,
+            "/__picomq/tokens",
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            body.to_string(),
+        )
+        .await
+        .expect("token request");
+    assert_eq!(r.status.as_u16(), 201, "issuing {body}: {}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
+    (
+        v["id"].as_str().expect("id").to_string(),
+        v["token"].as_str().expect("token").to_string(),
+    )
+}
