@@ -175,8 +175,8 @@ fn parsers_never_panic() {
             let mut h = HeaderMap::new();
             h.insert("stream-closed", v.clone());
             h.insert("authorization", v);
-            let _ = headers::text(&h, "authorization");
-            let _ = headers::flag_true(&h, "stream-closed");
+            let _ = headers::text(&h, &axum::http::header::AUTHORIZATION);
+            let _ = headers::flag_true(&h, &headers::STREAM_CLOSED);
         }
         // Valid offsets round-trip.
         if let Ok(o) = Offset::parse(&s) {
