@@ -4,8 +4,10 @@
 //! WAL written after it.
 //!
 //! Object format (all integers little-endian), key
-//! `checkpoints/{epoch:010}-{next_seq:012}.ckpt` named by the watermark it reflects,
-//! so the newest sorts last:
+//! `checkpoints/{epoch:010}-{next_seq:012}-{written_ms:013}.ckpt`: named by the
+//! watermark it reflects, then by when it was written (writes that are not in the WAL,
+//! such as tokens, change the database without moving the watermark), so the newest
+//! sorts last:
 //!
 //! ```text
 //! magic "PMQC" | version:u8 = 1 | reserved:[u8; 3]
@@ -14,8 +16,8 @@
 //! crc32c:u32 of everything before it
 //! ```
 //!
-//! Written create-only: two writers of the same watermark wrote the same state, so
-//! `AlreadyExists` just means it is already there. See docs/object-storage.md.
+//! Written create-only: a key is never overwritten; `AlreadyExists` (two writes in
+//! one millisecond) just means a checkpoint of that moment is there. See docs/object-storage.md.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,17 +52,35 @@ pub struct CheckpointStats {
     pub last_written_ms: AtomicU64,
 }
 
-pub fn key(w: Watermark) -> String {
-    format!("{PREFIX}/{:010}-{:012}.ckpt", w.epoch, w.next_seq)
+/// A checkpoint's key: the watermark it reflects, then when it was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CheckpointKey {
+    pub watermark: Watermark,
+    pub written_ms: u64,
 }
 
-fn parse_key(key: &str) -> Option<Watermark> {
-    let name = key.strip_prefix(PREFIX)?.strip_prefix('/')?;
-    let (epoch, rest) = name.strip_suffix(".ckpt")?.split_once('-')?;
-    Some(Watermark {
-        epoch: epoch.parse().ok()?,
-        next_seq: rest.parse().ok()?,
-    })
+impl CheckpointKey {
+    pub fn name(&self) -> String {
+        let w = self.watermark;
+        format!(
+            "{PREFIX}/{:010}-{:012}-{:013}.ckpt",
+            w.epoch, w.next_seq, self.written_ms
+        )
+    }
+
+    fn parse(key: &str) -> Option<CheckpointKey> {
+        let name = key.strip_prefix(PREFIX)?.strip_prefix('/')?;
+        let mut parts = name.strip_suffix(".ckpt")?.split('-');
+        let mut next = || parts.next()?.parse().ok();
+        let key = CheckpointKey {
+            watermark: Watermark {
+                epoch: next()?,
+                next_seq: next()?,
+            },
+            written_ms: next()?,
+        };
+        parts.next().is_none().then_some(key)
+    }
 }
 
 pub fn encode(w: Watermark, schema_version: i64, database: &[u8]) -> Bytes {
@@ -137,39 +157,41 @@ impl Drop for TempFile {
     }
 }
 
-/// Writes a checkpoint of `meta` unless one at the same watermark exists; returns its
-/// watermark (`None`: nothing indexed yet, nothing written).
-pub async fn write(store: &dyn ObjectStore, meta: &Meta) -> Result<Option<(Watermark, u64)>> {
+/// Writes a checkpoint of `meta`; returns its watermark (`0/0` if no WAL object is
+/// applied yet: a database holding only tokens) and its size.
+pub async fn write(store: &dyn ObjectStore, meta: &Meta) -> Result<(Watermark, u64)> {
     let file = TempFile::new("checkpoint");
-    let Some(watermark) = meta.snapshot_into(&file.0).await? else {
-        return Ok(None);
-    };
+    let watermark = meta.snapshot_into(&file.0).await?.unwrap_or_default();
     let database = tokio::fs::read(&file.0)
         .await
         .map_err(|e| EngineError::Internal(format!("reading the metadata snapshot: {e}")))?;
     drop(file);
     let object = encode(watermark, SCHEMA_VERSION, &database);
     let size = object.len() as u64;
+    let key = CheckpointKey {
+        watermark,
+        written_ms: crate::stream::now_ms(),
+    };
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
     };
     match store
-        .put_opts(&Path::from(key(watermark)), PutPayload::from(object), opts)
+        .put_opts(&Path::from(key.name()), PutPayload::from(object), opts)
         .await
     {
         Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     prune(store).await?;
-    Ok(Some((watermark, size)))
+    Ok((watermark, size))
 }
 
 /// Checkpoint watermarks in the store, oldest first.
-async fn list(store: &dyn ObjectStore) -> Result<Vec<Watermark>> {
-    let mut found: Vec<Watermark> = store
+async fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointKey>> {
+    let mut found: Vec<CheckpointKey> = store
         .list(Some(&Path::from(PREFIX)))
-        .try_filter_map(|o| async move { Ok(parse_key(o.location.as_ref())) })
+        .try_filter_map(|o| async move { Ok(CheckpointKey::parse(o.location.as_ref())) })
         .try_collect()
         .await?;
     found.sort();
@@ -180,7 +202,7 @@ async fn list(store: &dyn ObjectStore) -> Result<Vec<Watermark>> {
 async fn prune(store: &dyn ObjectStore) -> Result<()> {
     let found = list(store).await?;
     for old in found.iter().rev().skip(KEEP) {
-        match store.delete(&Path::from(key(*old))).await {
+        match store.delete(&Path::from(old.name())).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -189,7 +211,7 @@ async fn prune(store: &dyn ObjectStore) -> Result<()> {
 }
 
 /// Restores `meta` from the newest readable checkpoint whose watermark is past
-/// `after` (any, if `None`). Returns the restored watermark, or `None` if there is
+/// `after` (any, if `None`: the database is empty). Returns the restored watermark, or `None` if there is
 /// no such checkpoint. Unreadable checkpoints are skipped with a warning; if every
 /// candidate is unreadable this fails: the WAL below a checkpoint may be deleted, so
 /// replaying without one could silently skip data.
@@ -200,10 +222,11 @@ pub async fn restore_newest(
 ) -> Result<Option<Watermark>> {
     let mut unreadable = Vec::new();
     for candidate in list(store).await?.into_iter().rev() {
-        if after.is_some_and(|a| candidate <= a) {
+        let watermark = candidate.watermark;
+        if after.is_some_and(|a| watermark <= a) {
             break;
         }
-        let key = key(candidate);
+        let key = candidate.name();
         let bytes = match store.get(&Path::from(key.as_str())).await {
             Ok(got) => got.bytes().await?,
             // Pruned by another process between the listing and now.
@@ -211,7 +234,7 @@ pub async fn restore_newest(
             Err(e) => return Err(e.into()),
         };
         let decoded = match decode(&bytes) {
-            Ok(d) if d.watermark == candidate => d,
+            Ok(d) if d.watermark == watermark => d,
             Ok(_) => {
                 tracing::warn!(key, "checkpoint watermark does not match its key; skipped");
                 unreadable.push(key);
@@ -234,9 +257,9 @@ pub async fn restore_newest(
             .await
             .map_err(|e| EngineError::Internal(format!("writing {key} to a temp file: {e}")))?;
         let restored = meta.restore_from(&file.0).await?;
-        if restored != Some(candidate) {
+        if restored.unwrap_or_default() != watermark {
             return Err(EngineError::Internal(format!(
-                "checkpoint {key} restored to watermark {restored:?}, expected {candidate:?}"
+                "checkpoint {key} restored to watermark {restored:?}, expected {watermark:?}"
             )));
         }
         tracing::info!(
@@ -244,7 +267,7 @@ pub async fn restore_newest(
             bytes = bytes.len(),
             "metadata restored from checkpoint"
         );
-        return Ok(restored);
+        return Ok(Some(watermark));
     }
     if !unreadable.is_empty() {
         return Err(EngineError::Internal(format!(
@@ -258,11 +281,12 @@ pub async fn restore_newest(
 /// The oldest checkpoint's watermark: WAL objects below it are needed by no restore
 /// (every kept checkpoint is past them), so GC may delete the unreferenced ones.
 pub async fn floor(store: &dyn ObjectStore) -> Result<Option<Watermark>> {
-    Ok(list(store).await?.into_iter().next())
+    Ok(list(store).await?.into_iter().next().map(|k| k.watermark))
 }
 
-/// Writes a checkpoint every `interval` while the index has moved on since the last
-/// one, for as long as this node is the bucket's writer.
+/// Writes a checkpoint every `interval` while the database has changed since the
+/// last one (the WAL watermark moved, or a write not derived from the WAL such as a
+/// token happened), for as long as this node is the bucket's writer.
 pub async fn run(
     store: Arc<dyn ObjectStore>,
     meta: Meta,
@@ -271,11 +295,13 @@ pub async fn run(
     stats: Arc<CheckpointStats>,
     last: Option<Watermark>,
 ) {
-    let last = std::sync::Mutex::new(last);
+    // What the last checkpoint held: the watermark and the count of local writes.
+    let last = std::sync::Mutex::new((last, meta.local_writes()));
     crate::wal::while_writer(interval, health, || async {
-        let previous = *last.lock().expect("checkpoint state lock");
+        let (previous, previous_local) = *last.lock().expect("checkpoint state lock");
+        let local = meta.local_writes();
         match meta.watermark().await {
-            Ok(current) if current.is_some() && current != previous => {}
+            Ok(current) if current != previous || local != previous_local => {}
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the metadata watermark failed");
@@ -283,16 +309,15 @@ pub async fn run(
             }
         }
         match write(&*store, &meta).await {
-            Ok(Some((w, size))) => {
-                *last.lock().expect("checkpoint state lock") = Some(w);
+            Ok((w, size)) => {
+                *last.lock().expect("checkpoint state lock") = (Some(w), local);
                 stats.written.fetch_add(1, Ordering::Relaxed);
                 stats.last_bytes.store(size, Ordering::Relaxed);
                 stats
                     .last_written_ms
                     .store(crate::stream::now_ms(), Ordering::Relaxed);
-                tracing::debug!(key = key(w), bytes = size, "metadata checkpoint written");
+                tracing::debug!(?w, bytes = size, "metadata checkpoint written");
             }
-            Ok(None) => {}
             Err(e) => {
                 stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "writing a metadata checkpoint failed; will retry");
@@ -337,7 +362,16 @@ mod tests {
         let mut bad = encode(w, SCHEMA_VERSION, b"not a database").to_vec();
         bad[45] ^= 1;
         store
-            .put(&Path::from(key(w)), PutPayload::from(bad))
+            .put(
+                &Path::from(
+                    CheckpointKey {
+                        watermark: w,
+                        written_ms: 1,
+                    }
+                    .name(),
+                ),
+                PutPayload::from(bad),
+            )
             .await
             .unwrap();
         let err = restore_newest(&store, &meta, None).await.unwrap_err();
@@ -366,9 +400,22 @@ mod tests {
             epoch: 10,
             next_seq: 0,
         };
-        assert!(key(a) < key(b));
-        assert_eq!(parse_key(&key(a)), Some(a));
-        assert_eq!(parse_key("checkpoints/x-1.ckpt"), None);
-        assert_eq!(parse_key("wal/0000000001/000000000001.wal"), None);
+        let k = |watermark, written_ms| CheckpointKey {
+            watermark,
+            written_ms,
+        };
+        assert!(k(a, 5).name() < k(b, 1).name());
+        assert!(k(a, 5).name() < k(a, 10).name());
+        assert!(k(a, 5) < k(a, 10) && k(a, 10) < k(b, 1));
+        assert_eq!(CheckpointKey::parse(&k(a, 7).name()), Some(k(a, 7)));
+        assert_eq!(CheckpointKey::parse("checkpoints/x-1.ckpt"), None);
+        assert_eq!(
+            CheckpointKey::parse("checkpoints/0000000001-000000000001.ckpt"),
+            None
+        );
+        assert_eq!(
+            CheckpointKey::parse("wal/0000000001/000000000001.wal"),
+            None
+        );
     }
 }

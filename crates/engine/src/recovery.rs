@@ -67,9 +67,16 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
         }
     };
     // A checkpoint past our own watermark describes everything before it, and is the
-    // only description once the WAL below it is deleted: start from it.
+    // only description once the WAL below it is deleted: start from it. An empty
+    // database takes the newest checkpoint whatever its watermark (it may hold only
+    // tokens, which are not in the WAL).
     let mut watermark = meta.watermark().await?;
-    let restored_from = checkpoint::restore_newest(store, meta, watermark).await?;
+    let after = if meta.is_empty().await? {
+        None
+    } else {
+        Some(watermark.unwrap_or_default())
+    };
+    let restored_from = checkpoint::restore_newest(store, meta, after).await?;
     if restored_from.is_some() {
         watermark = restored_from;
     }

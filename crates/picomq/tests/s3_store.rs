@@ -377,13 +377,14 @@ async fn delete_wal_below_newest_checkpoint(store_url: &str) -> usize {
         .into_iter()
         .max()
         .expect("a checkpoint");
-    // checkpoints/{epoch:010}-{seq:012}.ckpt covers wal/{epoch:010}/{seq:012} and below.
+    // checkpoints/{epoch:010}-{seq:012}-{ms}.ckpt covers what is below wal/{epoch}/{seq}.
     let name = newest
         .filename()
         .unwrap()
         .trim_end_matches(".ckpt")
         .to_string();
-    let (epoch, seq) = name.split_once('-').unwrap();
+    let mut parts = name.split('-');
+    let (epoch, seq) = (parts.next().unwrap(), parts.next().unwrap());
     let covered_below = format!("{epoch}/{seq}");
     let mut deleted = 0;
     for key in keys("wal").await {
@@ -631,4 +632,85 @@ async fn metrics_count_requests_bytes_and_cost() {
         admin_client.get("/readyz").await.unwrap().status.as_u16(),
         200
     );
+}
+
+/// Tokens are not in the WAL: they reach the bucket with the metadata checkpoint, even
+/// when no stream changes after them, and a node rebuilt from the bucket alone knows
+/// them (and their revocations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_come_back_from_the_checkpoint() {
+    use picomq_client::HttpMethod;
+    use support::{bearer, issue_token, start_with_auth, ADMIN_SECRET};
+    let store = url(shared_s3(), BUCKET, "tokens");
+    let dir = TempDir::new("tokens-old");
+    let mut old = start_with_auth(
+        dir.path(),
+        &["--store", &store, "--checkpoint-interval", "100ms"],
+    )
+    .await;
+    let c = old.client.clone();
+    let (_, kept) = issue_token(
+        &c,
+        ADMIN_SECRET,
+        serde_json::json!({"scopes": ["all:t/**"]}),
+    )
+    .await;
+    let (revoked_id, revoked) = issue_token(
+        &c,
+        ADMIN_SECRET,
+        serde_json::json!({"scopes": ["all:t/**"]}),
+    )
+    .await;
+    let admin = bearer(ADMIN_SECRET);
+    let r = c
+        .send(
+            HttpMethod::DELETE,
+            &format!("/__picomq/tokens/{revoked_id}"),
+            &[("authorization", &admin)],
+            "",
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    // A checkpoint written after the revocation (no WAL write happened since start).
+    let checkpoints = || async {
+        let text = c
+            .send(
+                HttpMethod::GET,
+                "/metrics",
+                &[("authorization", &admin)],
+                "",
+            )
+            .await
+            .unwrap()
+            .text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("picomq_checkpoints_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before = checkpoints().await;
+    eventually(Duration::from_secs(10), || async {
+        (checkpoints().await > before).then_some(())
+    })
+    .await;
+    old.terminate(Duration::from_secs(20));
+    drop(old);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+
+    let fresh = TempDir::new("tokens-new");
+    let new = start_with_auth(fresh.path(), &["--store", &store]).await;
+    let put = |token: String| {
+        let c = new.client.clone();
+        async move {
+            let auth = bearer(&token);
+            c.send(HttpMethod::PUT, "/t/1", &[("authorization", &auth)], "")
+                .await
+                .unwrap()
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!(put(kept).await, 201, "a token from the checkpoint");
+    assert_eq!(put(revoked).await, 401, "a revocation from the checkpoint");
 }

@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -71,6 +73,10 @@ pub struct ChunkRow {
 #[derive(Clone)]
 pub struct Meta {
     pool: SqlitePool,
+    /// Writes not derived from the WAL (tokens, server keys, access times): the
+    /// checkpoint loop compares it to decide whether a checkpoint is due even when
+    /// the watermark has not moved.
+    local_writes: Arc<AtomicU64>,
 }
 
 /// The last WAL object whose effects are in the database.
@@ -101,7 +107,10 @@ impl Meta {
             .max_connections(if in_memory { 1 } else { 4 })
             .connect_with(options)
             .await?;
-        let meta = Meta { pool };
+        let meta = Meta {
+            pool,
+            local_writes: Arc::default(),
+        };
         meta.migrate().await?;
         Ok(meta)
     }
@@ -279,6 +288,32 @@ impl Meta {
         watermark
     }
 
+    /// Whether no table holds a row (a new database, or a lost data directory).
+    pub async fn is_empty(&self) -> Result<bool> {
+        for table in self.tables().await? {
+            // Names come from sqlite_master of our own schema, not from input.
+            let sql = format!("SELECT EXISTS (SELECT 1 FROM main.\"{table}\")");
+            let any: i64 = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&self.pool)
+                .await?
+                .get(0);
+            if any != 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The tables holding state (everything but the schema version).
+    async fn tables(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name != 'schema_version'",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Replaces every row of this database with the rows of the database file at
     /// `path` (a snapshot from [`Meta::snapshot_into`], possibly of an older schema,
     /// which is migrated first). One transaction: on failure nothing changes.
@@ -288,20 +323,14 @@ impl Meta {
         let path = path
             .to_str()
             .ok_or_else(|| EngineError::Internal(format!("snapshot path {path:?} is not UTF-8")))?;
+        // Before taking a connection: an in-memory database has only one.
+        let tables = self.tables().await?;
         let mut conn = self.pool.acquire().await?;
         sqlx::query("ATTACH DATABASE ? AS snapshot")
             .bind(path)
             .execute(&mut *conn)
             .await?;
         let copied = async {
-            let tables: Vec<String> = sqlx::query(
-                "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name != 'schema_version'",
-            )
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             for table in &tables {
                 // Names come from sqlite_master of our own schema, not from input.
@@ -338,7 +367,10 @@ impl Meta {
             .max_connections(1)
             .connect_with(options)
             .await?;
-        let meta = Meta { pool };
+        let meta = Meta {
+            pool,
+            local_writes: Arc::default(),
+        };
         if !read_only {
             meta.migrate().await?;
         }
@@ -446,10 +478,21 @@ impl Meta {
             .collect())
     }
 
+    /// Writes not derived from the WAL so far (see `local_writes`).
+    pub fn local_writes(&self) -> u64 {
+        self.local_writes.load(Ordering::Relaxed)
+    }
+
+    /// Records a write not derived from the WAL.
+    fn wrote_locally(&self) {
+        self.local_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub async fn touch(&self, updates: &[(u64, u64)]) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
         }
+        self.wrote_locally();
         let mut tx = self.pool.begin().await?;
         for (id, ms) in updates {
             sqlx::query("UPDATE streams SET last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")

@@ -48,6 +48,7 @@ impl Meta {
 
     /// Inserts `t`, or replaces the row with its id (the bootstrap token's rotation).
     pub async fn put_token(&self, t: &TokenRow) -> Result<()> {
+        self.wrote_locally();
         // An upsert on the id only: a secret hash already held by another token is an
         // error, never a silent replacement of that token.
         sqlx::query("INSERT INTO tokens (id, secret_hash, parent_id, description, scopes, namespace, created_ms, expires_ms, revoked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET secret_hash = excluded.secret_hash, parent_id = excluded.parent_id, description = excluded.description, scopes = excluded.scopes, namespace = excluded.namespace, created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, revoked_ms = excluded.revoked_ms")
@@ -67,6 +68,7 @@ impl Meta {
 
     /// Marks `ids` revoked at `at_ms` (those already revoked keep their time).
     pub async fn revoke_tokens(&self, ids: &[String], at_ms: u64) -> Result<()> {
+        self.wrote_locally();
         let mut tx = self.pool.begin().await?;
         for id in ids {
             sqlx::query("UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?")
@@ -82,6 +84,7 @@ impl Meta {
     /// The key named `name`, created from `fresh` if there is none yet; the stored
     /// one wins, so every start of the node signs with the same key.
     pub async fn server_key(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>> {
+        self.wrote_locally();
         sqlx::query("INSERT OR IGNORE INTO server_keys (name, key) VALUES (?, ?)")
             .bind(name)
             .bind(fresh)

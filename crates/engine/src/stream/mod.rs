@@ -260,7 +260,7 @@ impl Engine {
         tracing::info!(
             epoch = recovered.epoch,
             replayed = recovered.objects_replayed,
-            checkpoint = recovered.restored_from.map(crate::checkpoint::key),
+            checkpoint = ?recovered.restored_from,
             "recovered from the object store"
         );
         let next_id = meta.next_stream_id().await?;
