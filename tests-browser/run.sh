@@ -10,7 +10,11 @@ PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
 
 if ! command -v chromium >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+  # Fresh images may have no package lists yet: update once if the install fails.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || {
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+  }
 fi
 cache="${PICOMQ_CI_CACHE:-$HOME/.cache/picomq}/playwright-core-1.64.1"
 if [ ! -d "$cache/node_modules/playwright-core" ]; then
