@@ -235,23 +235,9 @@ async fn rate_limits_per_token_are_separate_buckets() {
 
 /// Waits until `n` live readers are parked (the engine's gauge in /metrics).
 async fn wait_parked(s: &Server, n: u64) {
-    let admin = bearer(ADMIN_SECRET);
     eventually(Duration::from_secs(5), || async {
-        let r = s
-            .client
-            .send(
-                HttpMethod::GET,
-                "/metrics",
-                &[("authorization", &admin)],
-                "",
-            )
-            .await
-            .unwrap();
-        let text = r.text();
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("picomq_waiting_reads "))?;
-        (line.rsplit(' ').next()?.parse::<f64>().ok()? as u64 == n).then_some(())
+        let parked = metric_as(&s.client, Some(ADMIN_SECRET), "picomq_waiting_reads").await;
+        (parked as u64 == n).then_some(())
     })
     .await
 }

@@ -673,22 +673,7 @@ async fn tokens_come_back_from_the_checkpoint() {
         .unwrap();
     assert_eq!(r.status.as_u16(), 204, "{}", r.text());
     // A checkpoint written after the revocation (no WAL write happened since start).
-    let checkpoints = || async {
-        let text = c
-            .send(
-                HttpMethod::GET,
-                "/metrics",
-                &[("authorization", &admin)],
-                "",
-            )
-            .await
-            .unwrap()
-            .text();
-        text.lines()
-            .find_map(|l| l.strip_prefix("picomq_checkpoints_total "))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let checkpoints = || support::metric_as(&c, Some(ADMIN_SECRET), "picomq_checkpoints_total");
     let before = checkpoints().await;
     eventually(Duration::from_secs(10), || async {
         (checkpoints().await > before).then_some(())

@@ -309,7 +309,18 @@ pub async fn read_all(client: &Client, path: &str) -> Vec<u8> {
 
 /// A metric's value from /metrics (sum over label sets), or 0 if absent.
 pub async fn metric(client: &Client, name: &str) -> f64 {
-    let text = client.get("/metrics").await.expect("metrics").text();
+    metric_as(client, None, name).await
+}
+
+/// [`metric`] with a bearer token (`/metrics` needs the admin scope when auth is on).
+pub async fn metric_as(client: &Client, token: Option<&str>, name: &str) -> f64 {
+    let auth = token.map(bearer);
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    let text = client
+        .send(picomq_client::HttpMethod::GET, "/metrics", &headers, "")
+        .await
+        .expect("metrics")
+        .text();
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.split(['{', ' ']).next() == Some(name))
