@@ -71,8 +71,54 @@ pub struct EngineConfig {
     /// How often garbage collection deletes WAL objects that nothing points into
     /// any more (below the oldest checkpoint); `None` = never. See `gc`.
     pub gc_interval: Option<Duration>,
+    pub compaction: CompactionConfig,
+    /// Cold reads: bytes of index rows fetched in one ranged GET when they sit next
+    /// to each other in one object (compacted data), kept in the block cache for
+    /// the reads that follow.
+    pub readahead_bytes: usize,
+    /// Memory for chunks fetched from the object store (LRU); 0 = no cache.
+    pub block_cache_bytes: usize,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
+}
+
+/// Compaction rewrites old WAL data into read-optimized objects (see `compaction`).
+#[derive(Clone, Debug)]
+pub struct CompactionConfig {
+    /// How often a background pass runs; `None` = only when asked (admin API).
+    pub interval: Option<Duration>,
+    /// Data younger than this stays where the WAL wrote it (recent data is read
+    /// from the tail cache anyway, and a stream still busy grows longer runs).
+    pub delay: Duration,
+    /// Object-store bytes (read + written) per second compaction may use.
+    pub bytes_per_sec: u64,
+    /// Object-store requests (GET, PUT) per second compaction may use.
+    pub requests_per_sec: f64,
+    /// Largest object compaction writes.
+    pub object_bytes_max: usize,
+    /// Largest chunk (one index row) compaction writes; a read fetches whole
+    /// chunks, so this bounds a read's over-fetch.
+    pub chunk_bytes_max: usize,
+    /// A stream with at least this much data in one round gets objects of its own
+    /// (a segment); smaller ones share packed objects.
+    pub segment_bytes_min: usize,
+    /// WAL bytes one round reads before it writes and commits.
+    pub round_bytes_max: usize,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            interval: Some(Duration::from_secs(60)),
+            delay: Duration::from_secs(600),
+            bytes_per_sec: 64 << 20,
+            requests_per_sec: 50.0,
+            object_bytes_max: 64 << 20,
+            chunk_bytes_max: 1 << 20,
+            segment_bytes_min: 4 << 20,
+            round_bytes_max: 64 << 20,
+        }
+    }
 }
 
 /// Object-store prices, in US dollars. Defaults: S3 Standard, us-east-1.
@@ -114,6 +160,9 @@ impl Default for EngineConfig {
             fence_check_interval: Some(Duration::from_secs(10)),
             checkpoint_interval: Some(Duration::from_secs(300)),
             gc_interval: Some(Duration::from_secs(600)),
+            compaction: CompactionConfig::default(),
+            readahead_bytes: 8 << 20,
+            block_cache_bytes: 256 << 20,
             cost: CostConfig::default(),
         }
     }

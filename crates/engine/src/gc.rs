@@ -8,9 +8,17 @@
 //! the floor, so a WAL object below it is read only through the index. Seals are
 //! never deleted: they fence zombie writers of older epochs for ever.
 //!
-//! The pass is a scan (list `wal/`, look each candidate up in the index), so a crash
-//! anywhere leaks nothing for long: the next pass finds what this one missed. An
-//! object still shared with a live stream stays until compaction (not built yet)
+//! Compacted objects (`seg/`, see `compaction`) follow the same rule: their keys
+//! carry the WAL position they were written at, and the relocation that references
+//! one is logged at that position or later. Every change to the index is a WAL op,
+//! so a restore from any kept checkpoint replays to the same index this pass
+//! consulted: an object unreferenced now and below the floor is never referenced
+//! again. Passes hold the maintenance lock, which a compaction round holds from its
+//! write to its commit, so a new object is never judged before its relocation.
+//!
+//! The pass is a scan (list `wal/` and `seg/`, look each candidate up in the index),
+//! so a crash anywhere leaks nothing for long: the next pass finds what this one
+//! missed. A WAL object still shared with a live stream stays until compaction
 //! copies that stream's data out of it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +31,9 @@ use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use tokio::sync::watch;
 
 use crate::checkpoint;
+use crate::compaction;
 use crate::error::Result;
-use crate::meta::Meta;
+use crate::meta::{Meta, Watermark};
 use crate::store::instrumented::StoreStats;
 use crate::wal::format::{self, SEAL_MAGIC};
 use crate::wal::WalHealth;
@@ -56,10 +65,25 @@ pub async fn collect(store: &dyn ObjectStore, meta: &Meta) -> Result<Pass> {
     let Some(floor) = checkpoint::floor(store).await? else {
         return Ok(pass);
     };
-    let mut listing = store.list(Some(&Path::from("wal")));
+    for prefix in ["wal", "seg"] {
+        collect_under(store, meta, prefix, floor, &mut pass).await?;
+    }
+    Ok(pass)
+}
+
+async fn collect_under(
+    store: &dyn ObjectStore,
+    meta: &Meta,
+    prefix: &str,
+    floor: Watermark,
+    pass: &mut Pass,
+) -> Result<()> {
+    let mut listing = store.list(Some(&Path::from(prefix)));
     while let Some(object) = listing.try_next().await? {
         let key = object.location.as_ref();
-        let Some((epoch, seq)) = format::parse_object_key(key) else {
+        let Some((epoch, seq)) =
+            format::parse_object_key(key).or_else(|| compaction::parse_segment_key(key))
+        else {
             continue;
         };
         if (epoch, seq) >= (floor.epoch, floor.next_seq) {
@@ -78,8 +102,9 @@ pub async fn collect(store: &dyn ObjectStore, meta: &Meta) -> Result<Pass> {
         }
         pass.deleted += 1;
         pass.bytes += object.size;
+        crate::failpoint::hit("gc-after-delete");
     }
-    Ok(pass)
+    Ok(())
 }
 
 async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
@@ -103,8 +128,10 @@ pub async fn run(
     health: watch::Receiver<WalHealth>,
     stats: Arc<GcStats>,
     store_stats: Option<Arc<StoreStats>>,
+    maintenance: Arc<tokio::sync::Mutex<()>>,
 ) {
     crate::wal::while_writer(interval, health, || async {
+        let _maintenance = maintenance.lock().await;
         match collect(&*store, &meta).await {
             Ok(pass) => {
                 stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -120,7 +147,7 @@ pub async fn run(
                         examined = pass.examined,
                         deleted = pass.deleted,
                         bytes = pass.bytes,
-                        "garbage-collected WAL objects"
+                        "garbage-collected unreferenced objects"
                     );
                 }
             }

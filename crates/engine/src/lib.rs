@@ -4,9 +4,12 @@
 //! Layers, top to bottom: `stream` (registry, sequencers, reads), `wal` + `indexer` +
 //! `recovery` (the storage engine), `store` + `meta` (backends).
 
+pub mod block_cache;
 pub mod checkpoint;
+pub mod compaction;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod fencing;
 pub mod gc;
 pub mod indexer;
@@ -18,7 +21,7 @@ pub mod store;
 pub mod stream;
 pub mod wal;
 
-pub use config::{CostConfig, EngineConfig, WalConfig};
+pub use config::{CompactionConfig, CostConfig, EngineConfig, WalConfig};
 pub use error::{EngineError, Result};
 pub use offset::{Offset, OffsetError, OffsetQuery};
 pub use stream::{

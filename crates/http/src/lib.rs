@@ -9,6 +9,7 @@ pub mod error;
 pub mod headers;
 pub mod limits;
 pub mod listing;
+pub mod maintenance;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;
@@ -170,6 +171,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
         .route(listing::PATH, get(listing::list))
+        .route(maintenance::COMPACT_PATH, post(maintenance::compact))
         .route(
             auth::endpoints::TOKENS_PATH,
             post(auth::endpoints::create).get(auth::endpoints::list),
@@ -194,6 +196,16 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         ))
         .with_state(state.clone());
     (api, admin.with_state(state))
+}
+
+/// A JSON answer that no cache keeps (the API's own endpoints).
+pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from(body.to_string()))
+        .expect("valid response")
 }
 
 /// Rate limits (per client IP, then per token) and authentication: a request with a

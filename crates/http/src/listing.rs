@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
-use axum::http::{header, Response, StatusCode};
+use axum::http::{Response, StatusCode};
 use axum::Extension;
 use picomq_engine::meta::StreamRow;
 use picomq_engine::stream::{now_ms, parse_rfc3339_ms};
@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::auth::{Op, Principal, Token};
 use crate::ds::percent_decode;
 use crate::error::ApiError;
-use crate::AppState;
+use crate::{json_response, AppState};
 
 /// The path of the listing endpoint.
 pub const PATH: &str = "/__picomq/streams";
@@ -155,13 +155,10 @@ async fn list_page(
             "expiresAt": row.expires_at,
         }));
     }
-    let body = json!({ "streams": streams, "next": next });
-    Ok(Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CACHE_CONTROL, "no-store")
-        .body(Body::from(body.to_string()))
-        .expect("valid response"))
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "streams": streams, "next": next }),
+    ))
 }
 
 #[cfg(test)]

@@ -21,6 +21,13 @@ fn price(s: &str) -> Result<f64, String> {
     }
 }
 
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct StorageArgs {
     /// Object store for WAL objects, if not --store (e.g. a low-latency bucket such as
@@ -46,6 +53,26 @@ pub struct StorageArgs {
     /// 0 = never.
     #[arg(long, env = "PICOMQ_GC_INTERVAL", default_value = "10m", value_parser = duration)]
     pub gc_interval: Duration,
+    /// How often compaction rewrites old WAL data into large per-stream segments
+    /// and packed objects (so history costs few objects to keep and few GETs to
+    /// read); 0 = only when asked (POST /__picomq/compact).
+    #[arg(long, env = "PICOMQ_COMPACTION_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub compaction_interval: Duration,
+    /// WAL data younger than this is left where it is.
+    #[arg(long, env = "PICOMQ_COMPACTION_DELAY", default_value = "10m", value_parser = duration)]
+    pub compaction_delay: Duration,
+    /// Object-store bytes per second (read + written) compaction may use.
+    #[arg(long, env = "PICOMQ_COMPACTION_BYTES_PER_SEC", default_value_t = EngineConfig::default().compaction.bytes_per_sec)]
+    pub compaction_bytes_per_sec: u64,
+    /// Object-store requests per second compaction may use.
+    #[arg(long, env = "PICOMQ_COMPACTION_REQUESTS_PER_SEC", default_value_t = EngineConfig::default().compaction.requests_per_sec, value_parser = positive)]
+    pub compaction_requests_per_sec: f64,
+    /// Memory for chunks read from the object store (LRU), in bytes; 0 = none.
+    #[arg(long, env = "PICOMQ_BLOCK_CACHE_BYTES", default_value_t = EngineConfig::default().block_cache_bytes)]
+    pub block_cache_bytes: usize,
+    /// Bytes of adjacent chunks a cold read fetches in one GET (readahead).
+    #[arg(long, env = "PICOMQ_READAHEAD_BYTES", default_value_t = EngineConfig::default().readahead_bytes)]
+    pub readahead_bytes: usize,
     /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
     /// in /metrics; default: S3 Standard us-east-1).
     #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
@@ -71,6 +98,13 @@ impl StorageArgs {
         config.checkpoint_interval =
             (!self.checkpoint_interval.is_zero()).then_some(self.checkpoint_interval);
         config.gc_interval = (!self.gc_interval.is_zero()).then_some(self.gc_interval);
+        config.compaction.interval =
+            (!self.compaction_interval.is_zero()).then_some(self.compaction_interval);
+        config.compaction.delay = self.compaction_delay;
+        config.compaction.bytes_per_sec = self.compaction_bytes_per_sec;
+        config.compaction.requests_per_sec = self.compaction_requests_per_sec;
+        config.block_cache_bytes = self.block_cache_bytes;
+        config.readahead_bytes = self.readahead_bytes;
         config.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

@@ -15,7 +15,7 @@ use sqlx::{Row, SqlitePool};
 
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
-use crate::wal::format::{AppendOp, ForkOrigin, Op, ProducerStamp};
+use crate::wal::format::{AppendOp, ForkOrigin, Op, ProducerStamp, RelocateOp};
 use crate::wal::FlushedObject;
 
 mod tokens;
@@ -68,6 +68,13 @@ pub struct ChunkRow {
     pub end: Offset,
     pub object_key: String,
     pub byte_range: std::ops::Range<u64>,
+}
+
+/// An index row with its stream (compaction reads rows of many streams at once).
+#[derive(Clone, Debug)]
+pub struct IndexRow {
+    pub stream_id: u64,
+    pub chunk: ChunkRow,
 }
 
 #[derive(Clone)]
@@ -226,6 +233,10 @@ impl Meta {
                             });
                         }
                         Op::Append(a) => pending.runs.entry(chunk.stream_id).or_default().add(a),
+                        Op::Relocate(r) => {
+                            pending.flush(&mut tx).await?;
+                            relocate(&mut tx, r).await?;
+                        }
                         Op::Delete { soft } => {
                             // Everything before the delete lands first (rare: no batching).
                             pending.flush(&mut tx).await?;
@@ -402,6 +413,23 @@ impl Meta {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Index rows in WAL objects whose keys sort below `below` (older objects),
+    /// oldest object first: what compaction rewrites next.
+    pub async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>> {
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= 'wal/' AND object_key < ? ORDER BY object_key, stream_id, start_pos LIMIT ?")
+            .bind(below)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| IndexRow {
+                stream_id: r.get::<i64, _>(0) as u64,
+                chunk: chunk_row(r, 1),
+            })
+            .collect())
+    }
+
     /// Whether any index row points into the object at `key`.
     pub async fn object_referenced(&self, key: &str) -> Result<bool> {
         let row = sqlx::query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1")
@@ -467,15 +495,7 @@ impl Meta {
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| ChunkRow {
-                start: Offset(r.get::<i64, _>(0) as u64),
-                end: Offset(r.get::<i64, _>(1) as u64),
-                object_key: r.get(2),
-                byte_range: r.get::<i64, _>(3) as u64..r.get::<i64, _>(4) as u64,
-            })
-            .collect())
+        Ok(rows.iter().map(|r| chunk_row(r, 0)).collect())
     }
 
     /// Writes not derived from the WAL so far (see `local_writes`).
@@ -527,6 +547,46 @@ impl Meta {
         .await?;
         Ok(rows.iter().map(stream_row).collect())
     }
+}
+
+/// The `ChunkRow` in columns `first..first + 5` (start, end, key, byte start, byte end).
+fn chunk_row(r: &sqlx::sqlite::SqliteRow, first: usize) -> ChunkRow {
+    ChunkRow {
+        start: Offset(r.get::<i64, _>(first) as u64),
+        end: Offset(r.get::<i64, _>(first + 1) as u64),
+        object_key: r.get(first + 2),
+        byte_range: r.get::<i64, _>(first + 3) as u64..r.get::<i64, _>(first + 4) as u64,
+    }
+}
+
+/// Applies a compaction's move: the rows of the stream that start inside the span
+/// give way to one row for the new chunk. A stream deleted since compaction read
+/// its rows keeps nothing (ids are never reused, so the row would dangle).
+async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()> {
+    let exists = sqlx::query("SELECT 1 FROM streams WHERE id = ?")
+        .bind(r.stream_id as i64)
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+    if !exists {
+        return Ok(());
+    }
+    sqlx::query("DELETE FROM chunks WHERE stream_id = ? AND start_pos >= ? AND start_pos < ?")
+        .bind(r.stream_id as i64)
+        .bind(r.start.0 as i64)
+        .bind(r.end.0 as i64)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end) VALUES (?, ?, ?, ?, ?, ?)")
+        .bind(r.stream_id as i64)
+        .bind(r.start.0 as i64)
+        .bind(r.end.0 as i64)
+        .bind(&r.object_key)
+        .bind(r.byte_range.start as i64)
+        .bind(r.byte_range.end as i64)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }
 
 fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {

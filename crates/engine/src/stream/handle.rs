@@ -247,7 +247,7 @@ impl DurableListener for StreamHandle {
         let mut lifecycle = None;
         for (op_no, op) in ops {
             match op {
-                Op::Create(_) => {}
+                Op::Create(_) | Op::Relocate(_) => {}
                 Op::Append(a) => {
                     let mut pos = a.start;
                     for record in &a.records {

@@ -22,12 +22,14 @@ use tokio::task::JoinHandle;
 use self::handle::{DurableView, Lifecycle, StreamConfig, StreamHandle};
 use self::producer::{ProducerState, Verdict};
 use self::registry::Registry;
+use crate::block_cache::BlockCache;
 use crate::checkpoint::CheckpointStats;
+use crate::compaction::{Compactor, PassReport};
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::gc::GcStats;
 use crate::indexer::{self, IndexerProgress};
-use crate::meta::{Meta, StreamRow};
+use crate::meta::{ChunkRow, Meta, StreamRow};
 use crate::metrics::Exposition;
 use crate::offset::Offset;
 use crate::store::instrumented::{InstrumentedStore, StoreStats};
@@ -35,6 +37,9 @@ use crate::wal::format::{
     self, AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START,
 };
 use crate::wal::{Submission, Wal, WalStats};
+
+/// Index rows one cold read looks up at once (readahead spans up to this many).
+const COLD_ROWS: u32 = 64;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -191,6 +196,9 @@ struct Inner {
     pressure_sweep_ms: AtomicU64,
     checkpoints: Arc<CheckpointStats>,
     gc: Arc<GcStats>,
+    compactor: Arc<Compactor>,
+    /// Chunks read from the object store (see `block_cache`).
+    cache: BlockCache,
     /// What recovery did at start: WAL objects replayed, checkpoint restored.
     recovered: (u64, bool),
 }
@@ -273,6 +281,17 @@ impl Engine {
             0,
             index_tx,
         );
+        // Held by compaction rounds and GC passes, never both at once.
+        let maintenance = Arc::new(tokio::sync::Mutex::new(()));
+        let compactor = Arc::new(Compactor::new(
+            store.clone(),
+            meta.clone(),
+            wal.clone(),
+            recovered.epoch,
+            config.compaction.clone(),
+            maintenance.clone(),
+        ));
+        let cache = BlockCache::new(config.block_cache_bytes);
         let inner = Arc::new(Inner {
             config,
             store,
@@ -289,6 +308,8 @@ impl Engine {
             pressure_sweep_ms: AtomicU64::new(0),
             checkpoints: Arc::default(),
             gc: Arc::default(),
+            compactor,
+            cache,
             recovered: (
                 recovered.objects_replayed,
                 recovered.restored_from.is_some(),
@@ -326,6 +347,15 @@ impl Engine {
                 engine.inner.wal.health(),
                 engine.inner.gc.clone(),
                 wal_stats,
+                maintenance,
+            ));
+            engine.inner.tasks.lock().expect("tasks lock").push(task);
+        }
+        if let Some(interval) = engine.inner.config.compaction.interval {
+            let task = tokio::spawn(crate::compaction::run(
+                engine.inner.compactor.clone(),
+                interval,
+                engine.inner.wal.health(),
             ));
             engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
@@ -350,6 +380,13 @@ impl Engine {
 
     pub fn meta(&self) -> &Meta {
         &self.inner.meta
+    }
+
+    /// Runs a compaction pass now over data older than `delay` (default: the
+    /// configured delay); see `compaction`.
+    pub async fn compact(&self, delay: Option<Duration>) -> Result<PassReport> {
+        self.inner.wal.check_health()?;
+        self.inner.compactor.pass(delay).await
     }
 
     /// Stops accepting writes and makes everything accepted durable and indexed.
@@ -1341,69 +1378,116 @@ impl Engine {
         budget: &mut usize,
         split: bool,
     ) -> Result<()> {
-        let rows = self
-            .inner
-            .meta
-            .chunks_from(handle.config.id, out.next, 16)
-            .await?;
-        if rows.is_empty() || rows[0].start > out.next {
-            return Err(EngineError::Internal(format!(
-                "stream {} has no index entry for offset {}",
-                handle.config.name, out.next
-            )));
-        }
-        for row in rows {
-            if out.next >= until || (*budget == 0 && !out.segments.is_empty()) {
-                break;
-            }
-            let bytes = self
+        // Compaction may move a row and GC delete its old object between our index
+        // lookup and the GET: then the index is read again, once.
+        let mut retried = false;
+        'lookup: loop {
+            let rows = self
                 .inner
-                .store
-                .get_range(&Path::from(row.object_key.as_str()), row.byte_range.clone())
-                .await
-                .map_err(|e| {
-                    EngineError::Unavailable(format!(
-                        "object store read of {}: {e}",
-                        row.object_key
-                    ))
-                })?;
-            let c = &self.inner.counters;
-            c.reads_store.fetch_add(1, Ordering::Relaxed);
-            c.read_bytes_store
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let (_, ops) = format::decode_chunk(&bytes)
-                .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
-            for op in ops {
-                let Op::Append(a) = op else { continue };
-                let mut pos = a.start;
-                for record in a.records {
-                    let len = record.data.len() as u64;
-                    let (start, end) = (pos, pos.advance(len));
-                    pos = end;
-                    if end <= out.next || start >= until {
-                        continue;
+                .meta
+                .chunks_from(handle.config.id, out.next, COLD_ROWS)
+                .await?;
+            if rows.is_empty() || rows[0].start > out.next {
+                return Err(EngineError::Internal(format!(
+                    "stream {} has no index entry for offset {}",
+                    handle.config.name, out.next
+                )));
+            }
+            for i in 0..rows.len() {
+                if out.next >= until || (*budget == 0 && !out.segments.is_empty()) {
+                    return Ok(());
+                }
+                let row = &rows[i];
+                let bytes = match self.chunk_bytes(&rows, i).await {
+                    Ok(bytes) => bytes,
+                    Err(object_store::Error::NotFound { .. }) if !retried => {
+                        retried = true;
+                        continue 'lookup;
                     }
-                    if *budget == 0 && !out.segments.is_empty() {
-                        return Ok(());
+                    Err(e) => {
+                        return Err(EngineError::Unavailable(format!(
+                            "object store read of {}: {e}",
+                            row.object_key
+                        )))
                     }
-                    let lo = out.next.0.max(start.0) - start.0;
-                    let mut hi = until.0.min(end.0) - start.0;
-                    if split {
-                        hi = hi.min(lo + (*budget).max(1) as u64);
+                };
+                let (_, ops) = format::decode_chunk(&bytes)
+                    .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
+                for op in ops {
+                    let Op::Append(a) = op else { continue };
+                    let mut pos = a.start;
+                    for record in a.records {
+                        let len = record.data.len() as u64;
+                        let (start, end) = (pos, pos.advance(len));
+                        pos = end;
+                        if end <= out.next || start >= until {
+                            continue;
+                        }
+                        if *budget == 0 && !out.segments.is_empty() {
+                            return Ok(());
+                        }
+                        let lo = out.next.0.max(start.0) - start.0;
+                        let mut hi = until.0.min(end.0) - start.0;
+                        if split {
+                            hi = hi.min(lo + (*budget).max(1) as u64);
+                        }
+                        let piece = record.data.slice(lo as usize..hi as usize);
+                        *budget = budget.saturating_sub(piece.len());
+                        out.flags.push(if lo == 0 {
+                            record.flags
+                        } else {
+                            record.flags & !RECORD_BATCH_START
+                        });
+                        out.segments.push(piece);
+                        out.next = Offset(start.0 + hi);
                     }
-                    let piece = record.data.slice(lo as usize..hi as usize);
-                    *budget = budget.saturating_sub(piece.len());
-                    out.flags.push(if lo == 0 {
-                        record.flags
-                    } else {
-                        record.flags & !RECORD_BATCH_START
-                    });
-                    out.segments.push(piece);
-                    out.next = Offset(start.0 + hi);
                 }
             }
+            return Ok(());
         }
-        Ok(())
+    }
+
+    /// The bytes of `rows[i]`'s chunk: from the block cache, or from one ranged GET
+    /// that also fetches the rows after it lying next to it in the same object (up
+    /// to `readahead_bytes`; compacted data is laid out that way), all of which go
+    /// into the cache for the reads that follow.
+    async fn chunk_bytes(&self, rows: &[ChunkRow], i: usize) -> object_store::Result<Bytes> {
+        let row = &rows[i];
+        let cache = &self.inner.cache;
+        if let Some(bytes) = cache.get(&row.object_key, row.byte_range.start) {
+            return Ok(bytes);
+        }
+        let limit = self.inner.config.readahead_bytes as u64;
+        let mut end = i + 1;
+        while end < rows.len()
+            && rows[end].object_key == row.object_key
+            && rows[end].byte_range.start == rows[end - 1].byte_range.end
+            && rows[end].byte_range.end - row.byte_range.start <= limit
+        {
+            end += 1;
+        }
+        let range = row.byte_range.start..rows[end - 1].byte_range.end;
+        let bytes = self
+            .inner
+            .store
+            .get_range(&Path::from(row.object_key.as_str()), range.clone())
+            .await?;
+        let c = &self.inner.counters;
+        c.reads_store.fetch_add(1, Ordering::Relaxed);
+        c.read_bytes_store
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let slice = |r: &ChunkRow| {
+            bytes.slice(
+                (r.byte_range.start - range.start) as usize
+                    ..(r.byte_range.end - range.start) as usize,
+            )
+        };
+        for r in &rows[i + 1..end] {
+            cache.insert(&r.object_key, r.byte_range.start, slice(r));
+        }
+        let first = slice(row);
+        cache.insert(&row.object_key, row.byte_range.start, first.clone());
+        Ok(first)
     }
 
     /// Waits until data beyond `offset` is durable, the stream closes, or `timeout`.
@@ -1661,6 +1745,8 @@ impl Engine {
                 if s == state { 1.0 } else { 0.0 },
             );
         }
+        let cs = self.inner.compactor.stats();
+        let bc = &self.inner.cache.stats;
         let ck = &self.inner.checkpoints;
         out.single(
             "picomq_checkpoints_total",
@@ -1701,7 +1787,7 @@ impl Engine {
         .single(
             "picomq_gc_objects_deleted_total",
             "counter",
-            "WAL objects deleted by garbage collection (nothing pointed into them).",
+            "WAL and compacted objects deleted by garbage collection (nothing pointed into them).",
             self.inner.gc.objects_deleted.load(Ordering::Relaxed) as f64,
         )
         .single(
@@ -1709,6 +1795,66 @@ impl Engine {
             "counter",
             "Bytes of the WAL objects deleted by garbage collection.",
             self.inner.gc.bytes_deleted.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_passes_total",
+            "counter",
+            "Compaction passes completed.",
+            cs.passes.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_failures_total",
+            "counter",
+            "Compaction passes that failed (retried at the next interval).",
+            cs.failures.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_objects_read_total",
+            "counter",
+            "WAL objects read by compaction.",
+            cs.objects_read.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_bytes_read_total",
+            "counter",
+            "Bytes of WAL objects read by compaction.",
+            cs.bytes_read.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_objects_written_total",
+            "counter",
+            "Compacted objects (segments and packs) written.",
+            cs.objects_written.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_bytes_written_total",
+            "counter",
+            "Bytes of compacted objects written.",
+            cs.bytes_written.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_compaction_rows_replaced_total",
+            "counter",
+            "Index rows moved off WAL objects by compaction.",
+            cs.rows_replaced.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_block_cache_hits_total",
+            "counter",
+            "Cold reads served from the block cache.",
+            bc.hits.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_block_cache_misses_total",
+            "counter",
+            "Cold reads that had to GET from the object store.",
+            bc.misses.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_block_cache_bytes",
+            "gauge",
+            "Bytes held by the block cache.",
+            bc.bytes.load(Ordering::Relaxed) as f64,
         )
         .single(
             "picomq_recovery_objects_replayed",

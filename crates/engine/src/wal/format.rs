@@ -26,6 +26,8 @@ pub const SEAL_MAGIC: &[u8; 4] = b"PMQS";
 const TAG_CREATE: u8 = 1;
 const TAG_APPEND: u8 = 2;
 const TAG_DELETE: u8 = 3;
+// Tags 4 and 5 are trim and retention.
+const TAG_RELOCATE: u8 = 6;
 
 /// Record flag: this record starts a new append (a JSON batch spans several records).
 pub const RECORD_BATCH_START: u8 = 1;
@@ -89,6 +91,25 @@ pub enum Op {
     Delete {
         soft: bool,
     },
+    /// Compaction moved a stream's data: written in the system chunk (stream id
+    /// [`SYSTEM_STREAM`]), so replaying the log reproduces every index change.
+    Relocate(RelocateOp),
+}
+
+/// Chunks of this stream id hold node-level ops (relocations), not a stream's.
+pub const SYSTEM_STREAM: u64 = 0;
+
+/// "The records of `stream_id` in `[start, end)` now live in `object_key` at
+/// `byte_range` (one chunk)": replaces the index rows starting in that span.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RelocateOp {
+    pub stream_id: u64,
+    pub start: Offset,
+    pub end: Offset,
+    pub object_key: String,
+    pub byte_range: std::ops::Range<u64>,
+    /// Timestamp of the last record in the span (for age retention).
+    pub last_ts_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +208,16 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u8(TAG_DELETE);
             out.put_u8(*soft as u8);
         }
+        Op::Relocate(r) => {
+            out.put_u8(TAG_RELOCATE);
+            out.put_u64_le(r.stream_id);
+            out.put_u64_le(r.start.0);
+            out.put_u64_le(r.end.0);
+            put_str(out, &r.object_key);
+            out.put_u64_le(r.byte_range.start);
+            out.put_u64_le(r.byte_range.end);
+            out.put_u64_le(r.last_ts_ms);
+        }
     }
 }
 
@@ -202,6 +233,7 @@ pub fn encoded_len(op: &Op) -> usize {
                 + a.records.iter().map(|r| 13 + r.data.len()).sum::<usize>()
         }
         Op::Delete { .. } => 2,
+        Op::Relocate(r) => 53 + r.object_key.len(),
     }
 }
 
@@ -390,6 +422,14 @@ impl Reader {
             TAG_DELETE => Ok(Op::Delete {
                 soft: self.u8()? == 1,
             }),
+            TAG_RELOCATE => Ok(Op::Relocate(RelocateOp {
+                stream_id: self.u64()?,
+                start: Offset(self.u64()?),
+                end: Offset(self.u64()?),
+                object_key: self.string()?,
+                byte_range: self.u64()?..self.u64()?,
+                last_ts_ms: self.u64()?,
+            })),
             _ => Err(FormatError("unknown op tag")),
         }
     }
@@ -444,6 +484,14 @@ mod tests {
                 stream_seq: Some("s1".into()),
             }),
             Op::Delete { soft: true },
+            Op::Relocate(RelocateOp {
+                stream_id: 9,
+                start: Offset(10),
+                end: Offset(20),
+                object_key: "seg/x".into(),
+                byte_range: 30..40,
+                last_ts_ms: 50,
+            }),
         ];
         let mut out = BytesMut::new();
         encode_header(&mut out, 4, 5, 1);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, Response, StatusCode};
+use axum::http::{Response, StatusCode};
 use axum::Extension;
 use picomq_engine::stream::now_ms;
 use serde::Deserialize;
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::{scope, Auth, Op, Principal, Scope, Token, TokenRequest};
 use crate::ds::read_body;
 use crate::error::ApiError;
-use crate::AppState;
+use crate::{json_response, AppState};
 
 pub const TOKENS_PATH: &str = "/__picomq/tokens";
 pub const TOKEN_PATH: &str = "/__picomq/tokens/{id}";
@@ -40,15 +40,6 @@ fn auth(app: &AppState) -> Result<&Arc<Auth>, ApiError> {
             "authentication is off on this server (--auth off): there are no tokens to manage",
         )
     })
-}
-
-fn json_response(status: StatusCode, body: Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CACHE_CONTROL, "no-store")
-        .body(Body::from(body.to_string()))
-        .expect("valid response")
 }
 
 async fn json_body<T: for<'de> Deserialize<'de>>(

@@ -94,6 +94,7 @@ pub struct Server {
     pub client: Client,
     pub data_dir: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -143,6 +144,11 @@ impl Server {
     /// Starts `picomq serve` on a free port with `data_dir` and extra flags, and
     /// waits until it answers /readyz.
     pub async fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        Server::start_env(data_dir, extra, &[]).await
+    }
+
+    /// [`Server::start`] with extra environment variables for the process.
+    pub async fn start_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let mut server = Server {
@@ -151,6 +157,10 @@ impl Server {
             url,
             data_dir: data_dir.to_path_buf(),
             args: store_args(data_dir, extra),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             log: data_dir.join(format!("server-{port}.log")),
         };
@@ -172,6 +182,7 @@ impl Server {
             .arg(&self.data_dir)
             .args(&self.args)
             .env("PICOMQ_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log)
@@ -214,6 +225,26 @@ impl Server {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server running").id()
+    }
+
+    /// Waits (bounded) for a process that is meant to die on its own (a crash
+    /// point) to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("server running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "picomq did not exit within {limit:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no chance to flush anything.
@@ -324,6 +355,16 @@ pub async fn metric_as(client: &Client, token: Option<&str>, name: &str) -> f64 
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A metric's value summed over the label sets whose labels contain `label`
+/// (e.g. `op="get"`), or 0 if absent.
+pub async fn metric_where(client: &Client, name: &str, label: &str) -> f64 {
+    let text = client.get("/metrics").await.expect("metrics").text();
+    text.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

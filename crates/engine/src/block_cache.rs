@@ -1,0 +1,127 @@
+//! The block cache: chunks fetched from the object store, least recently used out
+//! first, bounded in bytes. Objects are immutable and a key is never rewritten with
+//! other bytes, so entries need no invalidation; chunks of deleted objects simply
+//! age out. Entries are keyed by `(object key, byte offset)` of the chunk.
+//!
+//! A readahead GET fetches several adjacent chunks in one request and inserts each
+//! as a slice of the same buffer, so the cache can hold a buffer a little longer
+//! than its accounted bytes say (until its last slice leaves).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+type Key = (String, u64);
+
+#[derive(Default)]
+pub struct BlockCacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+pub struct BlockCache {
+    capacity: usize,
+    inner: Mutex<Lru>,
+    pub stats: BlockCacheStats,
+}
+
+#[derive(Default)]
+struct Lru {
+    entries: HashMap<Key, (Bytes, u64)>,
+    /// Use tick -> key, oldest first.
+    order: BTreeMap<u64, Key>,
+    tick: u64,
+    bytes: usize,
+}
+
+impl BlockCache {
+    pub fn new(capacity: usize) -> BlockCache {
+        BlockCache {
+            capacity,
+            inner: Mutex::default(),
+            stats: BlockCacheStats::default(),
+        }
+    }
+
+    pub fn get(&self, object: &str, offset: u64) -> Option<Bytes> {
+        if self.capacity == 0 {
+            return None;
+        }
+        let mut lru = self.inner.lock().expect("block cache lock");
+        let lru = &mut *lru;
+        lru.tick += 1;
+        let tick = lru.tick;
+        let key = (object.to_string(), offset);
+        let found = match lru.entries.get_mut(&key) {
+            Some((bytes, used)) => {
+                lru.order.remove(used);
+                *used = tick;
+                lru.order.insert(tick, key);
+                Some(bytes.clone())
+            }
+            None => None,
+        };
+        let counter = if found.is_some() {
+            &self.stats.hits
+        } else {
+            &self.stats.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    pub fn insert(&self, object: &str, offset: u64, bytes: Bytes) {
+        if bytes.len() > self.capacity {
+            return;
+        }
+        let mut lru = self.inner.lock().expect("block cache lock");
+        let lru = &mut *lru;
+        lru.tick += 1;
+        let key = (object.to_string(), offset);
+        lru.bytes += bytes.len();
+        if let Some((old, used)) = lru.entries.insert(key.clone(), (bytes, lru.tick)) {
+            lru.bytes -= old.len();
+            lru.order.remove(&used);
+        }
+        lru.order.insert(lru.tick, key);
+        while lru.bytes > self.capacity {
+            let Some((_, key)) = lru.order.pop_first() else {
+                break;
+            };
+            if let Some((old, _)) = lru.entries.remove(&key) {
+                lru.bytes -= old.len();
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.stats.bytes.store(lru.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used_first() {
+        let cache = BlockCache::new(10);
+        cache.insert("a", 0, Bytes::from_static(b"1234"));
+        cache.insert("a", 4, Bytes::from_static(b"5678"));
+        assert!(cache.get("a", 0).is_some()); // "a"@0 is now the most recent
+        cache.insert("b", 0, Bytes::from_static(b"9999"));
+        assert!(cache.get("a", 4).is_none());
+        assert_eq!(cache.get("a", 0).unwrap(), Bytes::from_static(b"1234"));
+        assert!(cache.get("b", 0).is_some());
+        assert_eq!(cache.stats.bytes.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn a_zero_capacity_cache_holds_nothing() {
+        let cache = BlockCache::new(0);
+        cache.insert("a", 0, Bytes::from_static(b"x"));
+        assert!(cache.get("a", 0).is_none());
+    }
+}

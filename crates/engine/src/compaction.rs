@@ -1,0 +1,521 @@
+//! Compaction: rewrites old WAL data into read-optimized objects and moves the index
+//! onto them, so a long history costs few objects to keep and few GETs to read.
+//!
+//! A round reads the oldest WAL objects that still hold indexed data (one GET per
+//! object, whatever number of streams it holds), concatenates each stream's adjacent
+//! rows into chunks of at most `chunk_bytes_max`, and writes them out: a stream with
+//! `segment_bytes_min` or more in the round gets objects of its own (a *segment*),
+//! the others share *packs*. Chunks keep the WAL chunk format, so the read path does
+//! not change: an index row just points somewhere else. Offsets never change.
+//!
+//! The index moves through the WAL: every new chunk is an `Op::Relocate` in the
+//! node's system chunk, applied by the indexer like any other op. So the invariant
+//! "every index row is derived from the log" still holds, a restore from any
+//! checkpoint replays the moves, and garbage collection keeps its single rule
+//! (`gc`): an object no row points into and older than the checkpoint floor can go.
+//! Compacted objects are named after the WAL position at which they were written
+//! (`seg/{epoch}/{seq}-{n}.seg`); the relocation that references one lands at that
+//! position or later, which is what lets GC compare them with the floor.
+//!
+//! Crash safety: a crash after writing an object but before its relocation is
+//! durable leaves the object unreferenced (GC deletes it once the floor passes its
+//! position); after the relocation is durable, replay re-applies it. A round holds
+//! the maintenance lock until its relocations are indexed, so GC never sees a new
+//! object between its write and its commit. Compaction never blocks appends (it
+//! reads durable data and submits a few small ops) nor reads (a read that fetched a
+//! row just before a move finds the old object, or re-reads the index if GC has
+//! deleted it since).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use tokio::sync::watch;
+
+use crate::config::CompactionConfig;
+use crate::error::{EngineError, Result};
+use crate::meta::{IndexRow, Meta};
+use crate::offset::Offset;
+use crate::wal::format::{self, AppendOp, Op, RelocateOp, SYSTEM_STREAM};
+use crate::wal::{DurableListener, Submission, Wal, WalHealth};
+
+/// Index rows one round looks at, at most.
+const ROUND_ROWS_MAX: u32 = 20_000;
+
+#[derive(Default)]
+pub struct CompactionStats {
+    pub passes: AtomicU64,
+    pub failures: AtomicU64,
+    pub objects_read: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub objects_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub rows_replaced: AtomicU64,
+    pub chunks_written: AtomicU64,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PassReport {
+    pub rounds: u64,
+    pub wal_objects_read: u64,
+    pub bytes_read: u64,
+    pub objects_written: u64,
+    pub bytes_written: u64,
+    pub rows_replaced: u64,
+    pub chunks_written: u64,
+}
+
+/// Told when the system chunk's ops (relocations) are indexed.
+struct SystemListener {
+    indexed: watch::Sender<u64>,
+}
+
+impl DurableListener for SystemListener {
+    fn on_durable(&self, _ops: &[(u64, Op)]) {}
+    fn on_indexed(&self, op_no: u64) {
+        self.indexed.send_if_modified(|v| {
+            let newer = op_no > *v;
+            *v = (*v).max(op_no);
+            newer
+        });
+    }
+}
+
+pub struct Compactor {
+    store: Arc<dyn ObjectStore>,
+    meta: Meta,
+    wal: Wal,
+    epoch: u64,
+    config: CompactionConfig,
+    stats: Arc<CompactionStats>,
+    /// Held by a compaction round and by a GC pass: GC never runs between a new
+    /// object's write and its relocation being indexed.
+    maintenance: Arc<tokio::sync::Mutex<()>>,
+    listener: Arc<SystemListener>,
+    next_op: AtomicU64,
+    next_object: AtomicU64,
+    /// WAL positions (as keys) seen at past passes, oldest first: data below the
+    /// newest one older than `delay` is old enough to compact.
+    seen: Mutex<Vec<(Instant, String)>>,
+    pacer: Mutex<Pacer>,
+}
+
+impl Compactor {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+        wal: Wal,
+        epoch: u64,
+        config: CompactionConfig,
+        maintenance: Arc<tokio::sync::Mutex<()>>,
+    ) -> Compactor {
+        let pacer = Pacer::new(config.bytes_per_sec, config.requests_per_sec);
+        Compactor {
+            store,
+            meta,
+            wal,
+            epoch,
+            config,
+            stats: Arc::default(),
+            maintenance,
+            listener: Arc::new(SystemListener {
+                indexed: watch::channel(0).0,
+            }),
+            next_op: AtomicU64::new(1),
+            next_object: AtomicU64::new(0),
+            seen: Mutex::new(Vec::new()),
+            pacer: Mutex::new(pacer),
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<CompactionStats> {
+        &self.stats
+    }
+
+    /// The key below which WAL data is old enough, or `None` if nothing is yet.
+    async fn cutoff(&self, delay: Duration) -> Result<Option<String>> {
+        let now = self.meta.watermark().await?.map_or_else(
+            || format::object_key(self.epoch, 0),
+            |w| format::object_key(w.epoch, w.next_seq),
+        );
+        let mut seen = self.seen.lock().expect("seen lock");
+        seen.push((Instant::now(), now));
+        let old_enough = seen.iter().rposition(|(at, _)| at.elapsed() >= delay);
+        let cutoff = old_enough.map(|i| seen[i].1.clone());
+        // Only the newest old-enough position is ever needed again.
+        if let Some(i) = old_enough {
+            seen.drain(..i);
+        }
+        Ok(cutoff)
+    }
+
+    /// Compacts everything older than the configured delay (or `delay` if given).
+    pub async fn pass(&self, delay: Option<Duration>) -> Result<PassReport> {
+        let mut report = PassReport::default();
+        let Some(cutoff) = self.cutoff(delay.unwrap_or(self.config.delay)).await? else {
+            return Ok(report);
+        };
+        loop {
+            let _maintenance = self.maintenance.lock().await;
+            if !self.round(&cutoff, &mut report).await? {
+                break;
+            }
+        }
+        self.stats.passes.fetch_add(1, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// One round; `false` when there was nothing left to compact.
+    async fn round(&self, cutoff: &str, report: &mut PassReport) -> Result<bool> {
+        let rows = self.meta.rows_in_wal_below(cutoff, ROUND_ROWS_MAX).await?;
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        // Fetch whole WAL objects, oldest first, until the round is big enough: one
+        // GET serves every stream in an object.
+        let mut by_stream: BTreeMap<u64, Vec<(IndexRow, Bytes)>> = BTreeMap::new();
+        let mut fetched = 0usize;
+        let mut i = 0;
+        while i < rows.len() && fetched < self.config.round_bytes_max {
+            let key = rows[i].chunk.object_key.clone();
+            self.pace(0, 1).await;
+            let object = self
+                .store
+                .get(&Path::from(key.as_str()))
+                .await?
+                .bytes()
+                .await?;
+            self.pace(object.len() as u64, 0).await;
+            fetched += object.len();
+            report.wal_objects_read += 1;
+            report.bytes_read += object.len() as u64;
+            self.stats.objects_read.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .bytes_read
+                .fetch_add(object.len() as u64, Ordering::Relaxed);
+            while i < rows.len() && rows[i].chunk.object_key == key {
+                let row = rows[i].clone();
+                let range = row.chunk.byte_range.start as usize..row.chunk.byte_range.end as usize;
+                if range.end > object.len() {
+                    return Err(EngineError::Internal(format!(
+                        "index row past the end of {key}"
+                    )));
+                }
+                by_stream
+                    .entry(row.stream_id)
+                    .or_default()
+                    .push((row, object.slice(range)));
+                i += 1;
+            }
+        }
+        // Each stream's rows in offset order, cut into chunks.
+        let mut segments: Vec<Vec<Piece>> = Vec::new();
+        let mut packed: Vec<Piece> = Vec::new();
+        for (stream_id, mut rows) in by_stream {
+            rows.sort_by_key(|(r, _)| r.chunk.start);
+            let pieces = pieces(stream_id, &rows, self.config.chunk_bytes_max)?;
+            let bytes: usize = pieces.iter().map(|p| p.bytes).sum();
+            if bytes >= self.config.segment_bytes_min {
+                segments.push(pieces);
+            } else {
+                packed.extend(pieces);
+            }
+        }
+        let mut relocations = Vec::new();
+        for group in segments.into_iter().chain(std::iter::once(packed)) {
+            for object in split(group, self.config.object_bytes_max) {
+                relocations.extend(self.write(object, report).await?);
+            }
+        }
+        crate::failpoint::hit("compaction-after-write");
+        report.rows_replaced += i as u64;
+        self.stats
+            .rows_replaced
+            .fetch_add(i as u64, Ordering::Relaxed);
+        self.commit(relocations).await?;
+        crate::failpoint::hit("compaction-after-commit");
+        report.rounds += 1;
+        Ok(true)
+    }
+
+    /// Writes one compacted object; returns the relocations that point at it.
+    async fn write(&self, pieces: Vec<Piece>, report: &mut PassReport) -> Result<Vec<Op>> {
+        let at = self.meta.watermark().await?.unwrap_or_default();
+        let (epoch, seq) = if at.epoch == self.epoch {
+            (at.epoch, at.next_seq)
+        } else {
+            (self.epoch, 0)
+        };
+        let n = self.next_object.fetch_add(1, Ordering::Relaxed);
+        let key = segment_key(epoch, seq, n);
+        let mut out = BytesMut::new();
+        format::encode_header(&mut out, epoch, seq, pieces.len() as u32);
+        let mut relocations = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let range = format::encode_chunk(&mut out, piece.stream_id, piece.ops.iter());
+            relocations.push(Op::Relocate(RelocateOp {
+                stream_id: piece.stream_id,
+                start: piece.start,
+                end: piece.end,
+                object_key: key.clone(),
+                byte_range: range.start as u64..range.end as u64,
+                last_ts_ms: piece.last_ts_ms,
+            }));
+        }
+        let bytes = out.freeze();
+        let len = bytes.len() as u64;
+        self.pace(len, 1).await;
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        self.store
+            .put_opts(&Path::from(key.as_str()), PutPayload::from(bytes), opts)
+            .await?;
+        report.objects_written += 1;
+        report.bytes_written += len;
+        report.chunks_written += relocations.len() as u64;
+        let s = &self.stats;
+        s.objects_written.fetch_add(1, Ordering::Relaxed);
+        s.bytes_written.fetch_add(len, Ordering::Relaxed);
+        s.chunks_written
+            .fetch_add(relocations.len() as u64, Ordering::Relaxed);
+        Ok(relocations)
+    }
+
+    /// Logs the relocations and waits until they are indexed (or this node stops
+    /// writing: then they are replayed by whoever recovers the log, or never landed).
+    async fn commit(&self, relocations: Vec<Op>) -> Result<()> {
+        let mut last = 0;
+        for op in relocations {
+            last = self.next_op.fetch_add(1, Ordering::Relaxed);
+            let listener: Arc<dyn DurableListener> = self.listener.clone();
+            self.wal.submit(Submission {
+                stream_id: SYSTEM_STREAM,
+                op_no: last,
+                op,
+                listener,
+            })?;
+        }
+        let mut indexed = self.listener.indexed.subscribe();
+        let mut health = self.wal.health();
+        loop {
+            if *indexed.borrow_and_update() >= last {
+                return Ok(());
+            }
+            if matches!(
+                *health.borrow_and_update(),
+                WalHealth::Fenced | WalHealth::Stopped
+            ) {
+                return Err(EngineError::Unavailable(
+                    "the log stopped before compaction committed".into(),
+                ));
+            }
+            tokio::select! {
+                _ = indexed.changed() => {}
+                _ = health.changed() => {}
+            }
+        }
+    }
+
+    async fn pace(&self, bytes: u64, requests: u64) {
+        let wait = self
+            .pacer
+            .lock()
+            .expect("pacer lock")
+            .charge(bytes, requests);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Runs a pass every `interval` for as long as this node is the bucket's writer.
+pub async fn run(
+    compactor: Arc<Compactor>,
+    interval: Duration,
+    health: watch::Receiver<WalHealth>,
+) {
+    crate::wal::while_writer(interval, health, || async {
+        match compactor.pass(None).await {
+            Ok(r) if r.rounds > 0 => tracing::info!(
+                wal_objects_read = r.wal_objects_read,
+                objects_written = r.objects_written,
+                bytes_written = r.bytes_written,
+                rows_replaced = r.rows_replaced,
+                "compacted WAL data"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                compactor.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "compaction pass failed; will retry");
+            }
+        }
+    })
+    .await;
+}
+
+/// The key of compacted object `n` written at WAL position `(epoch, seq)`.
+pub fn segment_key(epoch: u64, seq: u64, n: u64) -> String {
+    format!("seg/{epoch:010}/{seq:012}-{n:06}.seg")
+}
+
+/// The WAL position in a key made by [`segment_key`].
+pub fn parse_segment_key(key: &str) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix("seg/")?;
+    let (epoch, file) = rest.split_once('/')?;
+    let (seq, _) = file.strip_suffix(".seg")?.split_once('-')?;
+    Some((epoch.parse().ok()?, seq.parse().ok()?))
+}
+
+/// One chunk to write: a run of one stream's records.
+struct Piece {
+    stream_id: u64,
+    start: Offset,
+    end: Offset,
+    ops: Vec<Op>,
+    bytes: usize,
+    last_ts_ms: u64,
+}
+
+/// Cuts one stream's rows (offset order, with their chunk bytes) into pieces of at
+/// most `max` record bytes (a single bigger row stays whole). Pieces end on row
+/// boundaries, so each relocation replaces whole rows on its own: applying some of
+/// a round's relocations and not others (a crash between two WAL objects) leaves a
+/// correct index. A piece never spans a gap between rows. Only records are kept:
+/// producer stamps and lifecycle ops matter to replay, and replay reads the WAL.
+fn pieces(stream_id: u64, rows: &[(IndexRow, Bytes)], max: usize) -> Result<Vec<Piece>> {
+    let mut out: Vec<Piece> = Vec::new();
+    for (row, bytes) in rows {
+        let (_, ops) = format::decode_chunk(bytes)
+            .map_err(|e| EngineError::Internal(format!("{}: {e}", row.chunk.object_key)))?;
+        let mut appends = Vec::new();
+        let mut size = 0;
+        let mut last_ts_ms = 0;
+        for op in ops {
+            let Op::Append(a) = op else { continue };
+            if a.records.is_empty() {
+                continue;
+            }
+            size += a.records.iter().map(|r| r.data.len()).sum::<usize>();
+            last_ts_ms = a.records.last().map_or(last_ts_ms, |r| r.ts_ms);
+            appends.push(Op::Append(AppendOp {
+                start: a.start,
+                records: a.records,
+                close: false,
+                producer: None,
+                stream_seq: None,
+            }));
+        }
+        let (start, end) = (row.chunk.start, row.chunk.end);
+        if size as u64 != end.0 - start.0 {
+            return Err(EngineError::Internal(format!(
+                "index row {}..{} of stream {stream_id} does not match {}",
+                start.0, end.0, row.chunk.object_key
+            )));
+        }
+        match out.last_mut() {
+            Some(p) if p.end == start && p.bytes + size <= max => {
+                p.end = end;
+                p.bytes += size;
+                p.last_ts_ms = p.last_ts_ms.max(last_ts_ms);
+                p.ops.extend(appends);
+            }
+            _ => out.push(Piece {
+                stream_id,
+                start,
+                end,
+                ops: appends,
+                bytes: size,
+                last_ts_ms,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// Splits pieces into objects of at most about `max` bytes, in order.
+fn split(pieces: Vec<Piece>, max: usize) -> Vec<Vec<Piece>> {
+    let mut objects: Vec<Vec<Piece>> = Vec::new();
+    let mut size = 0;
+    for piece in pieces {
+        if objects.is_empty() || (size + piece.bytes > max && size > 0) {
+            objects.push(Vec::new());
+            size = 0;
+        }
+        size += piece.bytes;
+        objects.last_mut().expect("one object").push(piece);
+    }
+    objects
+}
+
+/// Spaces compaction's object-store use: each request and byte books time on a
+/// virtual clock running at the configured rates; a caller waits until its booking.
+struct Pacer {
+    bytes_per_sec: f64,
+    requests_per_sec: f64,
+    next: Instant,
+}
+
+impl Pacer {
+    fn new(bytes_per_sec: u64, requests_per_sec: f64) -> Pacer {
+        Pacer {
+            bytes_per_sec: bytes_per_sec.max(1) as f64,
+            requests_per_sec: requests_per_sec.max(0.001),
+            next: Instant::now(),
+        }
+    }
+
+    /// Books `bytes` and `requests`; returns how long to wait before using them.
+    fn charge(&mut self, bytes: u64, requests: u64) -> Duration {
+        let now = Instant::now();
+        if self.next < now {
+            self.next = now;
+        }
+        let wait = self.next - now;
+        let cost = (bytes as f64 / self.bytes_per_sec).max(requests as f64 / self.requests_per_sec);
+        self.next += Duration::from_secs_f64(cost);
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_keys_carry_their_wal_position() {
+        assert_eq!(parse_segment_key(&segment_key(3, 41, 7)), Some((3, 41)));
+        assert!(segment_key(1, 99, 0) < segment_key(2, 0, 0));
+        assert_eq!(parse_segment_key("wal/0000000001/000000000001.wal"), None);
+    }
+
+    #[test]
+    fn pacer_spaces_requests_at_the_configured_rate() {
+        let mut p = Pacer::new(u64::MAX, 10.0);
+        assert!(p.charge(0, 1).is_zero());
+        let wait = p.charge(0, 1);
+        assert!(wait > Duration::from_millis(80) && wait <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn split_keeps_order_and_bounds_objects() {
+        let piece = |start: u64| Piece {
+            stream_id: 1,
+            start: Offset(start),
+            end: Offset(start + 10),
+            ops: Vec::new(),
+            bytes: 10,
+            last_ts_ms: 0,
+        };
+        let objects = split((0..5).map(|i| piece(i * 10)).collect(), 25);
+        let sizes: Vec<usize> = objects.iter().map(|o| o.len()).collect();
+        assert_eq!(sizes, vec![2, 2, 1]);
+        assert_eq!(objects[2][0].start, Offset(40));
+    }
+}
