@@ -170,6 +170,7 @@ async fn reads_from_a_failing_store_fail_instead_of_shortening() {
     let mut config = fast_config();
     // Nothing stays in memory once indexed: every read goes to the store.
     config.tail_cache_bytes_per_stream = 0;
+    config.block_cache_bytes = 0;
     let engine = Arc::new(open_engine(config, store).await);
     create(&engine, "r", "text/plain").await;
     let mut expected = Vec::new();
