@@ -2,7 +2,8 @@
 //! onto them, so a long history costs few objects to keep and few GETs to read.
 //!
 //! A round reads the oldest WAL objects that still hold indexed data (one GET per
-//! object, whatever number of streams it holds), concatenates each stream's adjacent
+//! object, whatever number of streams it holds), or compacted objects that are
+//! mostly dead space (their streams deleted or trimmed), concatenates each stream's adjacent
 //! rows into chunks of at most `chunk_bytes_max`, and writes them out: a stream with
 //! `segment_bytes_min` or more in the round gets objects of its own (a *segment*),
 //! the others share *packs*. Chunks keep the WAL chunk format, so the read path does
@@ -45,6 +46,19 @@ use crate::wal::{DurableListener, Submission, Wal, WalHealth};
 
 /// Index rows one round looks at, at most.
 const ROUND_ROWS_MAX: u32 = 20_000;
+/// Small compacted objects of one size tier that are merged together.
+const SMALL_MERGE: usize = 8;
+
+/// Size tiers of small compacted objects, a factor of 8 apart from 64 KiB.
+fn size_tier(size: u64) -> u32 {
+    let mut tier = 0;
+    let mut bound = 64 << 10;
+    while size >= bound {
+        tier += 1;
+        bound *= 8;
+    }
+    tier
+}
 
 #[derive(Default)]
 pub struct CompactionStats {
@@ -62,7 +76,11 @@ pub struct CompactionStats {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PassReport {
     pub rounds: u64,
-    pub wal_objects_read: u64,
+    /// Compacted objects rewritten because most of their bytes were dead or
+    /// because they were small.
+    pub compacted_objects_rewritten: u64,
+    /// WAL objects and compacted objects read.
+    pub objects_read: u64,
     pub bytes_read: u64,
     pub objects_written: u64,
     pub bytes_written: u64,
@@ -160,10 +178,33 @@ impl Compactor {
         let Some(cutoff) = self.cutoff(delay.unwrap_or(self.config.delay)).await? else {
             return Ok(report);
         };
+        // 1. WAL data older than the delay.
         loop {
             let _maintenance = self.maintenance.lock().await;
-            if !self.round(&cutoff, &mut report).await? {
+            let rows = self.meta.rows_in_wal_below(&cutoff, ROUND_ROWS_MAX).await?;
+            if rows.is_empty() {
                 break;
+            }
+            self.round(&rows, self.config.round_bytes_max, &mut report)
+                .await?;
+        }
+        // 2. Compacted objects that are mostly dead space or small, a round's worth
+        // at a time.
+        let rewrite = self.objects_to_rewrite().await?;
+        let mut batch: Vec<String> = Vec::new();
+        let mut bytes = 0;
+        for (n, (key, size)) in rewrite.iter().enumerate() {
+            batch.push(key.clone());
+            bytes += *size as usize;
+            if bytes >= self.config.round_bytes_max || n + 1 == rewrite.len() {
+                let _maintenance = self.maintenance.lock().await;
+                let rows = self.meta.rows_in_objects(&batch).await?;
+                if !rows.is_empty() {
+                    self.round(&rows, usize::MAX, &mut report).await?;
+                    report.compacted_objects_rewritten += batch.len() as u64;
+                }
+                batch.clear();
+                bytes = 0;
             }
         }
         self.stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -171,17 +212,20 @@ impl Compactor {
     }
 
     /// One round; `false` when there was nothing left to compact.
-    async fn round(&self, cutoff: &str, report: &mut PassReport) -> Result<bool> {
-        let rows = self.meta.rows_in_wal_below(cutoff, ROUND_ROWS_MAX).await?;
-        if rows.is_empty() {
-            return Ok(false);
-        }
-        // Fetch whole WAL objects, oldest first, until the round is big enough: one
-        // GET serves every stream in an object.
+    /// One round over `rows` (grouped by object): reads their objects, oldest
+    /// first, until `bytes_max` is read, rewrites the rows of the objects read and
+    /// commits; returns how many rows it took.
+    async fn round(
+        &self,
+        rows: &[IndexRow],
+        bytes_max: usize,
+        report: &mut PassReport,
+    ) -> Result<usize> {
+        // Whole objects: one GET serves every stream in an object.
         let mut by_stream: BTreeMap<u64, Vec<(IndexRow, Bytes)>> = BTreeMap::new();
         let mut fetched = 0usize;
         let mut i = 0;
-        while i < rows.len() && fetched < self.config.round_bytes_max {
+        while i < rows.len() && fetched < bytes_max {
             let key = rows[i].chunk.object_key.clone();
             self.pace(0, 1).await;
             let object = self
@@ -192,7 +236,7 @@ impl Compactor {
                 .await?;
             self.pace(object.len() as u64, 0).await;
             fetched += object.len();
-            report.wal_objects_read += 1;
+            report.objects_read += 1;
             report.bytes_read += object.len() as u64;
             self.stats.objects_read.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -240,7 +284,44 @@ impl Compactor {
         self.commit(relocations).await?;
         crate::failpoint::hit("compaction-after-commit");
         report.rounds += 1;
-        Ok(true)
+        Ok(i)
+    }
+
+    /// Compacted objects worth rewriting, with their sizes:
+    /// - *sparse* ones, at least half of whose bytes nothing points into any more
+    ///   (deleted, trimmed or expired streams' data): rewriting the live rows lets
+    ///   GC reclaim the rest (objects nothing points into at all are GC's already);
+    /// - *small* ones (under `segment_bytes_min`, e.g. the pack of each pass's
+    ///   recent trickle), merged once `SMALL_MERGE` of one size tier exist, so
+    ///   objects do not pile up one per pass and a byte is rewritten at most once
+    ///   per tier.
+    async fn objects_to_rewrite(&self) -> Result<Vec<(String, u64)>> {
+        use futures::TryStreamExt;
+        let live = self.meta.live_bytes_under("seg/").await?;
+        let mut chosen = Vec::new();
+        let mut tiers: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
+        let mut listing = self.store.list(Some(&Path::from("seg")));
+        while let Some(object) = listing.try_next().await? {
+            let key = object.location.to_string();
+            let live = live.get(&key).copied().unwrap_or(0);
+            if live == 0 {
+                continue;
+            }
+            if live * 2 <= object.size {
+                chosen.push((key, object.size));
+            } else if (object.size as usize) < self.config.segment_bytes_min {
+                tiers
+                    .entry(size_tier(object.size))
+                    .or_default()
+                    .push((key, object.size));
+            }
+        }
+        for (_, objects) in tiers {
+            if objects.len() >= SMALL_MERGE {
+                chosen.extend(objects);
+            }
+        }
+        Ok(chosen)
     }
 
     /// Writes one compacted object; returns the relocations that point at it.
@@ -344,7 +425,7 @@ pub async fn run(
     crate::wal::while_writer(interval, health, || async {
         match compactor.pass(None).await {
             Ok(r) if r.rounds > 0 => tracing::info!(
-                wal_objects_read = r.wal_objects_read,
+                objects_read = r.objects_read,
                 objects_written = r.objects_written,
                 bytes_written = r.bytes_written,
                 rows_replaced = r.rows_replaced,
@@ -493,6 +574,15 @@ mod tests {
         assert_eq!(parse_segment_key(&segment_key(3, 41, 7)), Some((3, 41)));
         assert!(segment_key(1, 99, 0) < segment_key(2, 0, 0));
         assert_eq!(parse_segment_key("wal/0000000001/000000000001.wal"), None);
+    }
+
+    #[test]
+    fn small_objects_fall_into_tiers_eight_times_apart() {
+        assert_eq!(size_tier(0), 0);
+        assert_eq!(size_tier((64 << 10) - 1), 0);
+        assert_eq!(size_tier(64 << 10), 1);
+        assert_eq!(size_tier((512 << 10) - 1), 1);
+        assert_eq!(size_tier(512 << 10), 2);
     }
 
     #[test]

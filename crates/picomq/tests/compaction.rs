@@ -326,3 +326,106 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
         assert_eq!(now[&path(i)], before[&path(i)]);
     }
 }
+
+/// Total bytes of the objects under `prefix` in `server`'s store, and their count.
+async fn stored(server: &Server, prefix: &str) -> (u64, usize) {
+    use futures::TryStreamExt;
+    use picomq_engine::store::{ObjectPath, ObjectStore};
+    let store = picomq_engine::store::open(&server.store_url()).unwrap();
+    let sizes: Vec<u64> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .map_ok(|o| o.size)
+        .try_collect()
+        .await
+        .unwrap();
+    (sizes.iter().sum(), sizes.len())
+}
+
+/// A deleted stream and an expired one share a pack with a live one: once most of
+/// the pack is dead, compaction rewrites the live part and GC deletes the old pack,
+/// so their bytes leave the store; the live stream reads back unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleted_and_expired_streams_bytes_leave_shared_packs() {
+    let dir = TempDir::new("compaction-reclaim");
+    let mut flags = FLAGS.to_vec();
+    flags.extend(["--dormancy", "1s"]);
+    let server = Server::start(dir.path(), &flags).await;
+    let c = server.client.clone();
+    let ttl: &[(&str, &str)] = &[("content-type", "text/plain"), ("stream-ttl", "2")];
+    for (name, headers) in [("/keep", TEXT), ("/gone", TEXT), ("/ttl", ttl)] {
+        assert_eq!(c.put(name, headers, "").await.unwrap().status.as_u16(), 201);
+    }
+    let record = "r".repeat(1000);
+    for _ in 0..20 {
+        for name in ["/keep", "/gone", "/ttl"] {
+            let r = c.post(name, TEXT, record.clone()).await.unwrap();
+            assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+        }
+    }
+    let keep = read_all(&c, "/keep").await;
+    compact(&c).await;
+    let (packed, packs) = stored(&server, "seg").await;
+    assert_eq!(packs, 1, "three small streams share one pack");
+    assert!(packed >= 60_000, "{packed} bytes packed");
+
+    assert_eq!(c.delete("/gone").await.unwrap().status.as_u16(), 204);
+    // /ttl is not touched again: it expires and the background scan deletes it.
+    let (left, objects) = eventually(Duration::from_secs(30), || {
+        let (c, server) = (c.clone(), &server);
+        async move {
+            let report = compact(&c).await;
+            let _ = c.post("/keep", TEXT, "k").await; // moves the GC floor along
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (bytes, n) = stored(server, "seg").await;
+            eprintln!("pass: {report}; seg/ now {bytes} bytes in {n} objects");
+            (bytes * 2 < packed).then_some((bytes, n))
+        }
+    })
+    .await;
+    eprintln!("packed bytes: {packed} in {packs} object before, {left} in {objects} after");
+    assert_eq!(c.head("/gone").await.unwrap().status.as_u16(), 404);
+    assert_eq!(c.head("/ttl").await.unwrap().status.as_u16(), 404);
+    assert!(read_all(&c, "/keep").await.starts_with(&keep));
+}
+
+/// A trickle compacted pass after pass makes one small pack per pass; once eight of
+/// a size tier exist they are merged, so objects do not pile up and the stream's
+/// history stays a GET or two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_packs_from_many_passes_are_merged() {
+    let dir = TempDir::new("compaction-merge");
+    let server = Server::start(dir.path(), FLAGS).await;
+    let c = server.client.clone();
+    assert_eq!(
+        c.put("/trickle", TEXT, "").await.unwrap().status.as_u16(),
+        201
+    );
+    let mut expected = Vec::new();
+    let mut most = 0;
+    for i in 0..20 {
+        let record = format!("t{i};");
+        let r = c.post("/trickle", TEXT, record.clone()).await.unwrap();
+        assert_eq!(r.status.as_u16(), 204);
+        expected.extend_from_slice(record.as_bytes());
+        compact(&c).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        most = most.max(stored(&server, "seg").await.1);
+    }
+    let (_, packs) = eventually(Duration::from_secs(20), || {
+        let (c, server) = (c.clone(), &server);
+        async move {
+            let _ = c.post("/other", TEXT, "x").await; // moves the GC floor along
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = stored(server, "seg").await;
+            (now.1 <= 8).then_some(now)
+        }
+    })
+    .await;
+    eprintln!("20 passes: at most {most} compacted objects at once, {packs} at the end");
+    assert!(most <= 12, "{most} compacted objects piled up");
+    drop(server);
+    let cold = Server::start(dir.path(), FLAGS).await;
+    let (bytes, gets) = replay_gets(&cold.client, "/trickle").await;
+    assert_eq!(bytes, expected);
+    assert!(gets <= 8.0, "{gets} GETs");
+}

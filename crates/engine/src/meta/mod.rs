@@ -430,6 +430,37 @@ impl Meta {
             .collect())
     }
 
+    /// Index rows in the objects `keys` (at most a few hundred), grouped by
+    /// object.
+    pub async fn rows_in_objects(&self, keys: &[String]) -> Result<Vec<IndexRow>> {
+        let mut out = Vec::new();
+        for key in keys {
+            let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key = ? ORDER BY stream_id, start_pos")
+                .bind(key)
+                .fetch_all(&self.pool)
+                .await?;
+            out.extend(rows.iter().map(|r| IndexRow {
+                stream_id: r.get::<i64, _>(0) as u64,
+                chunk: chunk_row(r, 1),
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Bytes the index points at, per object whose key starts with `prefix`.
+    pub async fn live_bytes_under(&self, prefix: &str) -> Result<HashMap<String, u64>> {
+        let end = format!("{prefix}\u{10ffff}");
+        let rows = sqlx::query("SELECT object_key, SUM(byte_end - byte_start) FROM chunks WHERE object_key >= ? AND object_key < ? GROUP BY object_key")
+            .bind(prefix)
+            .bind(end)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1) as u64))
+            .collect())
+    }
+
     /// Whether any index row points into the object at `key`.
     pub async fn object_referenced(&self, key: &str) -> Result<bool> {
         let row = sqlx::query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1")
