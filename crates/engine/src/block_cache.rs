@@ -74,6 +74,21 @@ impl BlockCache {
         found
     }
 
+    pub fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// Whether the chunk is cached, without touching its recency or the counters.
+    pub fn contains(&self, object: &str, offset: u64) -> bool {
+        self.capacity > 0
+            && self
+                .inner
+                .lock()
+                .expect("block cache lock")
+                .entries
+                .contains_key(&(object.to_string(), offset))
+    }
+
     pub fn insert(&self, object: &str, offset: u64, bytes: Bytes) {
         if bytes.len() > self.capacity {
             return;

@@ -40,6 +40,8 @@ use crate::wal::{Submission, Wal, WalStats};
 
 /// Index rows one cold read looks up at once (readahead spans up to this many).
 const COLD_ROWS: u32 = 64;
+/// Ranged GETs one cold read issues in parallel, at most (see `chunk_bytes`).
+const READAHEAD_WINDOWS: usize = 4;
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -1398,7 +1400,7 @@ impl Engine {
                     return Ok(());
                 }
                 let row = &rows[i];
-                let bytes = match self.chunk_bytes(&rows, i).await {
+                let bytes = match self.chunk_bytes(&rows, i, *budget).await {
                     Ok(bytes) => bytes,
                     Err(object_store::Error::NotFound { .. }) if !retried => {
                         retried = true;
@@ -1447,30 +1449,72 @@ impl Engine {
         }
     }
 
-    /// The bytes of `rows[i]`'s chunk: from the block cache, or from one ranged GET
-    /// that also fetches the rows after it lying next to it in the same object (up
-    /// to `readahead_bytes`; compacted data is laid out that way), all of which go
-    /// into the cache for the reads that follow.
-    async fn chunk_bytes(&self, rows: &[ChunkRow], i: usize) -> object_store::Result<Bytes> {
-        let row = &rows[i];
+    /// The bytes of `rows[i]`'s chunk: from the block cache, or fetched with the
+    /// chunks after it. One ranged GET covers a *window*: a row and the rows after
+    /// it lying next to it in the same object, up to `readahead_bytes` (compacted
+    /// data is laid out that way). Up to `READAHEAD_WINDOWS` windows go out in
+    /// parallel, as long as they are needed for `budget` or are full windows of
+    /// compacted data (a catch-up reader wants them next); everything fetched goes
+    /// into the block cache for the reads that follow.
+    async fn chunk_bytes(
+        &self,
+        rows: &[ChunkRow],
+        i: usize,
+        budget: usize,
+    ) -> object_store::Result<Bytes> {
         let cache = &self.inner.cache;
+        let row = &rows[i];
         if let Some(bytes) = cache.get(&row.object_key, row.byte_range.start) {
             return Ok(bytes);
         }
         let limit = self.inner.config.readahead_bytes as u64;
-        let mut end = i + 1;
-        while end < rows.len()
-            && rows[end].object_key == row.object_key
-            && rows[end].byte_range.start == rows[end - 1].byte_range.end
-            && rows[end].byte_range.end - row.byte_range.start <= limit
-        {
-            end += 1;
+        // Without a cache, chunks beyond the one asked for would be thrown away.
+        let most = if cache.enabled() {
+            READAHEAD_WINDOWS
+        } else {
+            1
+        };
+        let mut windows: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut planned = 0u64;
+        let mut j = i;
+        while j < rows.len() && windows.len() < most {
+            if j > i && cache.contains(&rows[j].object_key, rows[j].byte_range.start) {
+                j += 1;
+                continue;
+            }
+            let first = &rows[j];
+            let mut end = j + 1;
+            while end < rows.len()
+                && rows[end].object_key == first.object_key
+                && rows[end].byte_range.start == rows[end - 1].byte_range.end
+                && rows[end].byte_range.end - first.byte_range.start <= limit
+            {
+                end += 1;
+            }
+            let bytes = rows[end - 1].byte_range.end - first.byte_range.start;
+            let coalesced = end - j > 1;
+            if !windows.is_empty() && planned >= budget as u64 && !coalesced {
+                break;
+            }
+            windows.push(j..end);
+            planned += bytes;
+            j = end;
         }
-        let range = row.byte_range.start..rows[end - 1].byte_range.end;
+        let fetched =
+            futures::future::try_join_all(windows.into_iter().map(|w| self.fetch_window(&rows[w])))
+                .await?;
+        Ok(fetched.into_iter().next().expect("one window"))
+    }
+
+    /// One ranged GET for adjacent chunks of one object; caches each chunk and
+    /// returns the first.
+    async fn fetch_window(&self, rows: &[ChunkRow]) -> object_store::Result<Bytes> {
+        let first = &rows[0];
+        let range = first.byte_range.start..rows[rows.len() - 1].byte_range.end;
         let bytes = self
             .inner
             .store
-            .get_range(&Path::from(row.object_key.as_str()), range.clone())
+            .get_range(&Path::from(first.object_key.as_str()), range.clone())
             .await?;
         let c = &self.inner.counters;
         c.reads_store.fetch_add(1, Ordering::Relaxed);
@@ -1482,12 +1526,12 @@ impl Engine {
                     ..(r.byte_range.end - range.start) as usize,
             )
         };
-        for r in &rows[i + 1..end] {
-            cache.insert(&r.object_key, r.byte_range.start, slice(r));
+        for r in rows {
+            self.inner
+                .cache
+                .insert(&r.object_key, r.byte_range.start, slice(r));
         }
-        let first = slice(row);
-        cache.insert(&row.object_key, row.byte_range.start, first.clone());
-        Ok(first)
+        Ok(slice(first))
     }
 
     /// Waits until data beyond `offset` is durable, the stream closes, or `timeout`.
