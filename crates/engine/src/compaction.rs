@@ -520,16 +520,20 @@ fn pieces(stream_id: u64, rows: &[(IndexRow, Bytes)], max: usize) -> Result<Vec<
     Ok(out)
 }
 
-/// Splits pieces into objects of at most about `max` bytes, in order.
+/// Splits pieces into objects of about `max` bytes, in order. A remainder of a
+/// quarter of `max` or less joins the last object instead of making a small one
+/// (which the next pass would merge again), so objects reach at most 1.25 x `max`.
 fn split(pieces: Vec<Piece>, max: usize) -> Vec<Vec<Piece>> {
+    let mut left: usize = pieces.iter().map(|p| p.bytes).sum();
     let mut objects: Vec<Vec<Piece>> = Vec::new();
     let mut size = 0;
     for piece in pieces {
-        if objects.is_empty() || (size + piece.bytes > max && size > 0) {
+        if objects.is_empty() || (size + piece.bytes > max && size > 0 && left > max / 4) {
             objects.push(Vec::new());
             size = 0;
         }
         size += piece.bytes;
+        left -= piece.bytes;
         objects.last_mut().expect("one object").push(piece);
     }
     objects
@@ -607,5 +611,9 @@ mod tests {
         let sizes: Vec<usize> = objects.iter().map(|o| o.len()).collect();
         assert_eq!(sizes, vec![2, 2, 1]);
         assert_eq!(objects[2][0].start, Offset(40));
+        // A small remainder joins the last object.
+        let objects = split((0..5).map(|i| piece(i * 10)).collect(), 45);
+        let sizes: Vec<usize> = objects.iter().map(|o| o.len()).collect();
+        assert_eq!(sizes, vec![5]);
     }
 }
