@@ -353,6 +353,19 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
     };
     let opened = crate::storage::open(&store_url, &args.storage, config.cost, args.store_latency)?;
+    // Staging files of uploads a crash interrupted (local directories only), in the
+    // background: a big tree must not delay start-up.
+    for url in std::iter::once(store_url.clone()).chain(args.storage.wal_store.clone()) {
+        tokio::task::spawn_blocking(move || {
+            match picomq_engine::store::remove_abandoned_uploads(&url, Duration::from_secs(600)) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(store = %url, files = n, "removed abandoned uploads"),
+                Err(e) => {
+                    tracing::warn!(store = %url, error = %e, "could not clean abandoned uploads")
+                }
+            }
+        });
+    }
     if let Some(latency) = args.store_latency {
         tracing::warn!(
             ?latency,
