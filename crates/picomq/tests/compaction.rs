@@ -228,9 +228,10 @@ async fn compaction_keeps_every_record_and_cuts_objects_and_gets() {
     assert_eq!(read_everything(&c).await, before);
 }
 
-/// Crashes (abort at a crash point) between compaction's write and its commit,
-/// after its commit, and in the middle of a GC pass; each time the next node reads
-/// every record back, and the orphaned object of the first crash is collected.
+/// `kill -9` in the middle of a compaction pass, then crashes (abort at a crash
+/// point) between compaction's write and its commit, after its commit, and in the
+/// middle of a GC pass; each time the next node reads every record back, and the
+/// orphaned object of the crash before the commit is collected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     let dir = TempDir::new("compaction-crash");
@@ -240,6 +241,27 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     let before = read_everything(&c).await;
     // The first node's WAL objects (no seal among them yet): all of them must go.
     let history = keys(&server, "wal").await;
+    drop(server);
+
+    // 0. kill -9 in the middle of a pass slowed down by its request budget (about
+    // 150 WAL objects at 40 GETs per second: several seconds).
+    let mut paced = FLAGS.to_vec();
+    paced.extend(["--compaction-requests-per-sec", "40"]);
+    let mut killed = Server::start(dir.path(), &paced).await;
+    let c = killed.client.clone();
+    let pass = tokio::spawn(async move { c.post("/__picomq/compact?delay=0s", &[], "").await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    killed.kill9();
+    assert!(
+        pass.await.unwrap().is_err(),
+        "the pass finished before the kill"
+    );
+    let server = Server::start(dir.path(), FLAGS).await;
+    assert_eq!(
+        read_everything(&server.client).await,
+        before,
+        "after kill -9"
+    );
     drop(server);
 
     // 1. Object written, relocations never logged: the object is an orphan.
