@@ -95,6 +95,11 @@ async fn compact(c: &Client) -> serde_json::Value {
     serde_json::from_slice(&r.body).unwrap()
 }
 
+/// A node on `dir` that aborts when it reaches crash point `point`.
+async fn crashing_at(dir: &std::path::Path, point: &str) -> Server {
+    Server::start_env(dir, FLAGS, &[("PICOMQ_FAILPOINTS", point)]).await
+}
+
 /// Keys of the objects under `prefix` in `server`'s store.
 async fn keys(server: &Server, prefix: &str) -> Vec<String> {
     use futures::TryStreamExt;
@@ -265,12 +270,7 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     drop(server);
 
     // 1. Object written, relocations never logged: the object is an orphan.
-    let mut crashing = Server::start_env(
-        dir.path(),
-        FLAGS,
-        &[("PICOMQ_FAILPOINTS", "compaction-after-write")],
-    )
-    .await;
+    let mut crashing = crashing_at(dir.path(), "compaction-after-write").await;
     let c = crashing.client.clone();
     assert!(c.post("/__picomq/compact?delay=0s", &[], "").await.is_err());
     crashing.wait_exit(Duration::from_secs(20));
@@ -281,24 +281,14 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     );
 
     // 2. Relocations committed, nothing collected yet.
-    let mut crashing = Server::start_env(
-        dir.path(),
-        FLAGS,
-        &[("PICOMQ_FAILPOINTS", "compaction-after-commit")],
-    )
-    .await;
+    let mut crashing = crashing_at(dir.path(), "compaction-after-commit").await;
     let c = crashing.client.clone();
     assert_eq!(read_everything(&c).await, before, "after crash 1");
     assert!(c.post("/__picomq/compact?delay=0s", &[], "").await.is_err());
     crashing.wait_exit(Duration::from_secs(20));
 
     // 3. GC dies after its first delete.
-    let mut crashing = Server::start_env(
-        dir.path(),
-        FLAGS,
-        &[("PICOMQ_FAILPOINTS", "gc-after-delete")],
-    )
-    .await;
+    let mut crashing = crashing_at(dir.path(), "gc-after-delete").await;
     let c = crashing.client.clone();
     assert_eq!(read_everything(&c).await, before, "after crash 2");
     // Checkpoints advance with writes; GC then deletes its first object and dies.

@@ -230,6 +230,12 @@ impl Server {
     /// Waits (bounded) for a process that is meant to die on its own (a crash
     /// point) to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        self.reap(limit, "")
+    }
+
+    /// Waits up to `limit` for the process to exit (`after` says after what, for
+    /// the panic message).
+    fn reap(&mut self, limit: Duration, after: &str) -> ExitStatus {
         let mut child = self.child.take().expect("server running");
         let deadline = Instant::now() + limit;
         loop {
@@ -239,7 +245,7 @@ impl Server {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 panic!(
-                    "picomq did not exit within {limit:?}; log:\n{}",
+                    "picomq did not exit within {limit:?}{after}; log:\n{}",
                     self.log_text()
                 );
             }
@@ -257,25 +263,11 @@ impl Server {
 
     /// SIGTERM, then wait (bounded) for the process to exit.
     pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
-        let mut child = self.child.take().expect("server running");
         let _ = Command::new("kill")
             .arg("-TERM")
-            .arg(child.id().to_string())
+            .arg(self.pid().to_string())
             .status();
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "picomq did not exit within {limit:?} of SIGTERM; log:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.reap(limit, " of SIGTERM")
     }
 
     /// Starts the server again on the same port and data directory.
