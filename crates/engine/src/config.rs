@@ -71,9 +71,15 @@ pub struct EngineConfig {
     /// How often garbage collection deletes WAL objects that nothing points into
     /// any more (below the oldest checkpoint); `None` = never. See `gc`.
     pub gc_interval: Option<Duration>,
+    /// How often the age-retention pass trims streams that have a retention (see
+    /// `Engine::retention_pass`); `None` = never.
+    pub retention_interval: Option<Duration>,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
 }
+
+/// Largest per-stream age retention, in seconds (about 136 years; as for TTLs).
+pub const RETENTION_SECS_MAX: u64 = u32::MAX as u64;
 
 /// Object-store prices, in US dollars. Defaults: S3 Standard, us-east-1.
 #[derive(Clone, Copy, Debug)]
@@ -114,6 +120,7 @@ impl Default for EngineConfig {
             fence_check_interval: Some(Duration::from_secs(10)),
             checkpoint_interval: Some(Duration::from_secs(300)),
             gc_interval: Some(Duration::from_secs(600)),
+            retention_interval: Some(Duration::from_secs(60)),
             cost: CostConfig::default(),
         }
     }

@@ -10,6 +10,7 @@ pub mod headers;
 pub mod limits;
 pub mod listing;
 pub mod metrics;
+pub mod retention;
 pub mod server;
 pub mod shutdown;
 
@@ -170,6 +171,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
         .route(listing::PATH, get(listing::list))
+        .route(retention::PATH, post(retention::handle))
         .route(
             auth::endpoints::TOKENS_PATH,
             post(auth::endpoints::create).get(auth::endpoints::list),

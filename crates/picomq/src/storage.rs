@@ -46,6 +46,10 @@ pub struct StorageArgs {
     /// 0 = never.
     #[arg(long, env = "PICOMQ_GC_INTERVAL", default_value = "10m", value_parser = duration)]
     pub gc_interval: Duration,
+    /// How often the age-retention pass trims streams created with a retention
+    /// (Stream-Retention) down to their retained records; 0 = never.
+    #[arg(long, env = "PICOMQ_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub retention_interval: Duration,
     /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
     /// in /metrics; default: S3 Standard us-east-1).
     #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
@@ -71,6 +75,8 @@ impl StorageArgs {
         config.checkpoint_interval =
             (!self.checkpoint_interval.is_zero()).then_some(self.checkpoint_interval);
         config.gc_interval = (!self.gc_interval.is_zero()).then_some(self.gc_interval);
+        config.retention_interval =
+            (!self.retention_interval.is_zero()).then_some(self.retention_interval);
         config.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

@@ -26,6 +26,9 @@ pub const SEAL_MAGIC: &[u8; 4] = b"PMQS";
 const TAG_CREATE: u8 = 1;
 const TAG_APPEND: u8 = 2;
 const TAG_DELETE: u8 = 3;
+const TAG_TRIM: u8 = 4;
+const TAG_SET_RETENTION: u8 = 5;
+// Tag 6 is taken by `Relocate` (compaction).
 
 /// Record flag: this record starts a new append (a JSON batch spans several records).
 pub const RECORD_BATCH_START: u8 = 1;
@@ -88,6 +91,17 @@ pub enum Op {
     /// `soft`: the stream stays readable for its forks but is gone to clients.
     Delete {
         soft: bool,
+    },
+    /// Records below `before` are no longer retained: reads there answer 410 and
+    /// index rows that end at or below it go (their bytes with GC or compaction).
+    /// Applying it never moves a stream's start backwards or past its tail.
+    Trim {
+        before: Offset,
+    },
+    /// Age retention in seconds (`None`: keep everything); a background pass trims
+    /// what is older.
+    SetRetention {
+        secs: Option<u64>,
     },
 }
 
@@ -187,6 +201,14 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u8(TAG_DELETE);
             out.put_u8(*soft as u8);
         }
+        Op::Trim { before } => {
+            out.put_u8(TAG_TRIM);
+            out.put_u64_le(before.0);
+        }
+        Op::SetRetention { secs } => {
+            out.put_u8(TAG_SET_RETENTION);
+            put_opt_u64(out, *secs);
+        }
     }
 }
 
@@ -202,6 +224,8 @@ pub fn encoded_len(op: &Op) -> usize {
                 + a.records.iter().map(|r| 13 + r.data.len()).sum::<usize>()
         }
         Op::Delete { .. } => 2,
+        Op::Trim { .. } => 9,
+        Op::SetRetention { secs } => 2 + secs.map_or(0, |_| 8),
     }
 }
 
@@ -390,6 +414,12 @@ impl Reader {
             TAG_DELETE => Ok(Op::Delete {
                 soft: self.u8()? == 1,
             }),
+            TAG_TRIM => Ok(Op::Trim {
+                before: Offset(self.u64()?),
+            }),
+            TAG_SET_RETENTION => Ok(Op::SetRetention {
+                secs: self.opt_u64()?,
+            }),
             _ => Err(FormatError("unknown op tag")),
         }
     }
@@ -443,6 +473,9 @@ mod tests {
                 }),
                 stream_seq: Some("s1".into()),
             }),
+            Op::Trim { before: Offset(3) },
+            Op::SetRetention { secs: Some(3600) },
+            Op::SetRetention { secs: None },
             Op::Delete { soft: true },
         ];
         let mut out = BytesMut::new();
@@ -457,6 +490,36 @@ mod tests {
         // A ranged read of just the chunk decodes on its own.
         let (id, again) = decode_chunk(&object.slice(range)).unwrap();
         assert_eq!((id, again), (42, ops));
+    }
+
+    /// `encoded_len` is what buffer accounting charges: it must cover the real bytes.
+    #[test]
+    fn encoded_len_covers_small_ops() {
+        for op in [
+            Op::Trim {
+                before: Offset(u64::MAX),
+            },
+            Op::SetRetention { secs: Some(1) },
+            Op::SetRetention { secs: None },
+            Op::Delete { soft: false },
+        ] {
+            let mut out = BytesMut::new();
+            encode_op(&mut out, &op);
+            assert_eq!(out.len(), encoded_len(&op), "{op:?}");
+        }
+    }
+
+    /// The tags are the on-disk format: they never change meaning.
+    #[test]
+    fn op_tags_are_stable() {
+        let tag = |op: Op| {
+            let mut out = BytesMut::new();
+            encode_op(&mut out, &op);
+            out[0]
+        };
+        assert_eq!(tag(Op::Delete { soft: true }), 3);
+        assert_eq!(tag(Op::Trim { before: Offset(1) }), 4);
+        assert_eq!(tag(Op::SetRetention { secs: None }), 5);
     }
 
     #[test]
