@@ -152,10 +152,15 @@ pub async fn get(
             return Ok(r.body(Body::empty()).expect("valid response"));
         }
     }
+    // After a trim, -1 names different bytes: the tag carries where they began.
+    let requested = match query {
+        OffsetQuery::Start if from > picomq_engine::Offset::ZERO => from.to_string(),
+        _ => offset_param.to_string(),
+    };
     let etag = format!(
         "\"{}:{}:{}{}\"",
         stream.info().id,
-        offset_param,
+        requested,
         chunk.next,
         if chunk.closed { ":c" } else { "" }
     );
