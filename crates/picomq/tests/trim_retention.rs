@@ -93,6 +93,8 @@ async fn trim_answers_410_below_the_start_and_survives_crash_and_rebuild() {
 
     // Before any trim the start is 0 and everything reads.
     assert_eq!(start_offset(&c, "/t/s").await, off(0));
+    let etag = |r: picomq_client::Response| r.header("etag").map(str::to_string);
+    let untrimmed = etag(c.get("/t/s?offset=-1").await.unwrap());
     let r = trim(&c, "t/s", &off(15)).await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     assert_eq!(json(&r)["stream"], "t/s");
@@ -103,6 +105,8 @@ async fn trim_answers_410_below_the_start_and_survives_crash_and_rebuild() {
         (r.status.as_u16(), json(&r)["start"].clone()),
         (200, off(15).into())
     );
+    // Same tail, fewer bytes from -1: a cached copy must not revalidate.
+    assert_ne!(etag(c.get("/t/s?offset=-1").await.unwrap()), untrimmed);
     append(&c, "/t/s", "r10;").await;
     check_trimmed(&c).await;
 
@@ -313,6 +317,12 @@ async fn age_retention_trims_old_records_and_the_stream_keeps_taking_appends() {
     assert_eq!(read_all(&c, "/ret/s").await, b"new;");
     assert_eq!(read_all(&c, "/ret/forever").await, b"f0;f1;f2;");
     assert_eq!(start_offset(&c, "/ret/forever").await, off(0));
+    let r = c.get("/__picomq/streams?prefix=ret/").await.unwrap();
+    let listed = json(&r)["streams"].clone();
+    assert_eq!(listed[0]["name"], "ret/forever");
+    assert_eq!(listed[0]["retentionSeconds"], Value::Null);
+    assert_eq!(listed[1]["startOffset"], off(15));
+    assert_eq!(listed[1]["retentionSeconds"], 1);
 
     // Retention set later through the API, on the stream that had none.
     let r = c
