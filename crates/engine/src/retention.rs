@@ -1,8 +1,8 @@
 //! Age retention: a periodic pass that trims each stream with a retention up to the
 //! end of its newest index row whose last record is older than the retention. It
 //! decides from the metadata index alone and trims through the stream service
-//! (`Engine::trim`, one WAL op per stream), so it owns no state and touches no bytes:
-//! GC and compaction reclaim them later.
+//! (`Engine::trim_at_boundary`, one WAL op per stream), so it owns no state and
+//! touches no bytes: GC and compaction reclaim them later.
 //!
 //! Granularity is one index row (one stream's chunk of one WAL object): records
 //! still only in the tail cache, not yet indexed, wait for the next pass.
@@ -53,7 +53,8 @@ pub async fn pass(engine: &Engine, after: String, limit: u32) -> String {
         let Some(end) = expired_end.filter(|end| *end > start) else {
             continue;
         };
-        match engine.trim(&name, end).await {
+        // A row's end is a record boundary: no need to check it.
+        match engine.trim_at_boundary(&name, end).await {
             Ok(start) => tracing::debug!(stream = %name, start = %start, "retention trimmed"),
             Err(EngineError::NotFound | EngineError::Gone) => {}
             Err(e) => {

@@ -1316,7 +1316,30 @@ impl Engine {
     /// sequencer as a WAL op, so a rebuild from the bucket replays it. Trimming at or
     /// below the current start changes nothing; beyond the tail is a bad request.
     /// Returns the stream's start once the trim is durable.
+    ///
+    /// On a JSON stream `before` must be a message boundary (an offset the server
+    /// handed out): a start inside a message would make reads from -1 begin with a
+    /// fragment of it. Byte streams have no boundaries to keep.
     pub async fn trim(&self, name: &str, before: Offset) -> Result<Offset> {
+        let stream = self.stream(name).await?;
+        let view = stream.handle.view();
+        if stream.handle.config.json && before > view.start && before < view.tail {
+            // The record holding the byte before `before` must end right at it.
+            let last = self
+                .read_view(&stream.handle, Offset(before.0 - 1), view.tail, 1, false)
+                .await?;
+            if last.segments.first().map(Bytes::len) != Some(1) {
+                return Err(EngineError::bad_request(format!(
+                    "{before} is inside a JSON message; trim at a message boundary (an offset the server returned)"
+                )));
+            }
+        }
+        self.trim_at_boundary(name, before).await
+    }
+
+    /// [`Engine::trim`] at an offset known to be a record boundary (the end of an
+    /// index row, for the retention pass).
+    pub async fn trim_at_boundary(&self, name: &str, before: Offset) -> Result<Offset> {
         for _ in 0..16 {
             let handle = self.stream(name).await?.handle;
             let (op_no, start, moved) = {
