@@ -436,6 +436,18 @@ async fn bad_trim_and_retention_input_gets_a_json_error() {
         (200, off(6).into())
     );
     assert_eq!(read_all(&c, "/bad/s").await, b"");
+    // On a JSON stream the start must be a message boundary.
+    let json_type = [("content-type", "application/json")];
+    let r = c.put("/bad/j", &json_type, r#"["a","bb"]"#).await.unwrap();
+    assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    for inside in [1, 4, 6] {
+        let r = trim(&c, "bad/j", &off(inside)).await;
+        assert_eq!(r.status.as_u16(), 400, "at {inside}: {}", r.text());
+    }
+    let r = trim(&c, "bad/j", &off(3)).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let r = c.get("/bad/j?offset=-1").await.unwrap();
+    assert_eq!(r.text(), r#"["bb"]"#);
     // A deleted stream is not found.
     assert_eq!(c.delete("/bad/s").await.unwrap().status.as_u16(), 204);
     assert_eq!(trim(&c, "bad/s", &off(6)).await.status.as_u16(), 404);
