@@ -78,6 +78,9 @@ pub struct EngineConfig {
     pub readahead_bytes: usize,
     /// Memory for chunks fetched from the object store (LRU); 0 = no cache.
     pub block_cache_bytes: usize,
+    /// How often the age-retention pass trims streams that have a retention (see
+    /// `Engine::retention_pass`); `None` = never.
+    pub retention_interval: Option<Duration>,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
 }
@@ -120,6 +123,8 @@ impl Default for CompactionConfig {
         }
     }
 }
+/// Largest per-stream age retention, in seconds (about 136 years; as for TTLs).
+pub const RETENTION_SECS_MAX: u64 = u32::MAX as u64;
 
 /// Object-store prices, in US dollars. Defaults: S3 Standard, us-east-1.
 #[derive(Clone, Copy, Debug)]
@@ -163,6 +168,7 @@ impl Default for EngineConfig {
             compaction: CompactionConfig::default(),
             readahead_bytes: 8 << 20,
             block_cache_bytes: 256 << 20,
+            retention_interval: Some(Duration::from_secs(60)),
             cost: CostConfig::default(),
         }
     }

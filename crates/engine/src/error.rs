@@ -11,6 +11,10 @@ pub enum EngineError {
     NotFound,
     #[error("stream was deleted but still has forks reading its data")]
     Gone,
+    /// The offset is below the stream's first retained offset (trimmed by an admin
+    /// or by age retention); `start` is where reading can resume.
+    #[error("offset is before the earliest retained offset {start}: that data was trimmed (retention); resume from {start} or from -1")]
+    Trimmed { start: Offset },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]

@@ -17,6 +17,7 @@ pub mod meta;
 pub mod metrics;
 pub mod offset;
 pub mod recovery;
+pub mod retention;
 pub mod store;
 pub mod stream;
 pub mod wal;

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub headers: Vec<(HeaderName, String)>,
+    /// Extra fields of the JSON `error` object (e.g. `startOffset` of a 410).
+    pub fields: Vec<(&'static str, String)>,
 }
 
 impl ApiError {
@@ -24,6 +26,7 @@ impl ApiError {
             code,
             message: message.into(),
             headers: Vec::new(),
+            fields: Vec::new(),
         }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -36,6 +39,11 @@ impl ApiError {
         }
         self
     }
+    /// Adds a field to the JSON `error` object.
+    pub fn with_field(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.fields.push((name, value.to_string()));
+        self
+    }
 }
 
 impl From<EngineError> for ApiError {
@@ -45,6 +53,10 @@ impl From<EngineError> for ApiError {
         match e {
             E::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
             E::Gone => ApiError::new(StatusCode::GONE, "gone", message),
+            // PROTOCOL.md: "410 Gone: Offset is before the earliest retained position".
+            E::Trimmed { start } => ApiError::new(StatusCode::GONE, "offset_trimmed", message)
+                .with_header(STREAM_START_OFFSET, start)
+                .with_field("startOffset", start),
             E::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message),
             E::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
             E::ContentTypeMismatch { .. } => {
@@ -92,7 +104,11 @@ impl From<EngineError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> axum::response::Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let mut body =
+            serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        for (name, value) in self.fields {
+            body["error"][name] = serde_json::Value::String(value);
+        }
         let mut resp = Response::new(Body::from(body.to_string()));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();

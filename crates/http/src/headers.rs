@@ -12,6 +12,10 @@ pub const STREAM_CURSOR: HeaderName = HeaderName::from_static("stream-cursor");
 pub const STREAM_CLOSED: HeaderName = HeaderName::from_static("stream-closed");
 pub const STREAM_TTL: HeaderName = HeaderName::from_static("stream-ttl");
 pub const STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expires-at");
+/// Extension: the first retained offset (reads below it answer 410).
+pub const STREAM_START_OFFSET: HeaderName = HeaderName::from_static("stream-start-offset");
+/// Extension: age retention in seconds (PUT sets it, HEAD reports it).
+pub const STREAM_RETENTION: HeaderName = HeaderName::from_static("stream-retention");
 pub const STREAM_SEQ: HeaderName = HeaderName::from_static("stream-seq");
 pub const STREAM_FORKED_FROM: HeaderName = HeaderName::from_static("stream-forked-from");
 pub const STREAM_FORK_OFFSET: HeaderName = HeaderName::from_static("stream-fork-offset");
@@ -28,8 +32,8 @@ pub const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
     HeaderName::from_static("cross-origin-resource-policy");
 
 pub const CORS_ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
-pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
-pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
+pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-retention, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
+pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-start-offset, stream-retention, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
 
 /// Largest integer a JavaScript client can represent exactly (2^53 - 1).
 pub const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;

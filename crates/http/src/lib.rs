@@ -11,6 +11,7 @@ pub mod limits;
 pub mod listing;
 pub mod maintenance;
 pub mod metrics;
+pub mod retention;
 pub mod server;
 pub mod shutdown;
 
@@ -172,6 +173,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         .route("/metrics", get(metrics::metrics))
         .route(listing::PATH, get(listing::list))
         .route(maintenance::COMPACT_PATH, post(maintenance::compact))
+        .route(retention::PATH, post(retention::handle))
         .route(
             auth::endpoints::TOKENS_PATH,
             post(auth::endpoints::create).get(auth::endpoints::list),

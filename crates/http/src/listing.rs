@@ -153,6 +153,8 @@ async fn list_page(
             "createdAt": rfc3339_ms(row.created_ms),
             "ttlSeconds": row.ttl_secs,
             "expiresAt": row.expires_at,
+            "startOffset": row.start.to_string(),
+            "retentionSeconds": row.retention_secs,
         }));
     }
     Ok(json_response(

@@ -73,6 +73,10 @@ pub struct StorageArgs {
     /// Bytes of adjacent chunks a cold read fetches in one GET (readahead).
     #[arg(long, env = "PICOMQ_READAHEAD_BYTES", default_value_t = EngineConfig::default().readahead_bytes)]
     pub readahead_bytes: usize,
+    /// How often the age-retention pass trims streams created with a retention
+    /// (Stream-Retention) down to their retained records; 0 = never.
+    #[arg(long, env = "PICOMQ_RETENTION_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub retention_interval: Duration,
     /// Price of 1,000 PUT/COPY/POST/LIST requests, in dollars (for the cost estimate
     /// in /metrics; default: S3 Standard us-east-1).
     #[arg(long, env = "PICOMQ_PRICE_PUT_PER_1000", default_value_t = CostConfig::default().put_per_1000_usd, value_parser = price)]
@@ -105,6 +109,8 @@ impl StorageArgs {
         config.compaction.requests_per_sec = self.compaction_requests_per_sec;
         config.block_cache_bytes = self.block_cache_bytes;
         config.readahead_bytes = self.readahead_bytes;
+        config.retention_interval =
+            (!self.retention_interval.is_zero()).then_some(self.retention_interval);
         config.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

@@ -26,7 +26,8 @@ macro_rules! stream_select {
     ($tail:literal) => {
         concat!(
             "SELECT id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, ",
-            "fork_requested, fork_sub_offset, tail, closed, closed_by, stream_seq, soft_deleted, last_access_ms ",
+            "fork_requested, fork_sub_offset, tail, closed, closed_by, stream_seq, soft_deleted, last_access_ms, ",
+            "start_pos, retention_secs ",
             "FROM streams ",
             $tail
         )
@@ -40,6 +41,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/sqlite/0002_chunks_by_object.sql"),
     ),
     (3, include_str!("../../migrations/sqlite/0003_auth.sql")),
+    (
+        4,
+        include_str!("../../migrations/sqlite/0004_retention.sql"),
+    ),
 ];
 /// The schema version this binary writes: the last migration.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -60,6 +65,10 @@ pub struct StreamRow {
     pub stream_seq: Option<String>,
     pub soft_deleted: bool,
     pub last_access_ms: u64,
+    /// First retained offset: data below it was trimmed (reads there answer 410).
+    pub start: Offset,
+    /// Age retention in seconds; `None`: keep everything.
+    pub retention_secs: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -195,21 +204,22 @@ impl Meta {
             for chunk in &object.chunks {
                 let id = chunk.stream_id as i64;
                 let data = chunk.ops.iter().filter_map(|(_, op)| match op {
-                    Op::Append(a) if !a.records.is_empty() => Some((a.start, a.end())),
+                    Op::Append(a) => a.records.last().map(|r| (a.start, a.end(), r.ts_ms)),
                     _ => None,
                 });
-                let span = data.fold(None, |acc: Option<(Offset, Offset)>, (s, e)| {
-                    Some(acc.map_or((s, e), |(s0, _)| (s0, e)))
+                let span = data.fold(None, |acc: Option<(Offset, Offset, u64)>, (s, e, ts)| {
+                    Some(acc.map_or((s, e, ts), |(s0, _, _)| (s0, e, ts)))
                 });
-                if let Some((start, end)) = span {
-                    pending.chunks.push((
-                        id,
-                        start.0 as i64,
-                        end.0 as i64,
-                        object.key.as_str(),
-                        chunk.range.start as i64,
-                        chunk.range.end as i64,
-                    ));
+                if let Some((start, end, last_ts_ms)) = span {
+                    pending.chunks.push(NewChunk {
+                        stream_id: id,
+                        start: start.0 as i64,
+                        end: end.0 as i64,
+                        key: object.key.as_str(),
+                        byte_start: chunk.range.start as i64,
+                        byte_end: chunk.range.end as i64,
+                        last_ts_ms: last_ts_ms as i64,
+                    });
                 }
                 for (_, op) in &chunk.ops {
                     match op {
@@ -254,6 +264,28 @@ impl Meta {
                                     sqlx::query(table).bind(id).execute(&mut *tx).await?;
                                 }
                             }
+                        }
+                        Op::Trim { before } => {
+                            // The tail it is clamped to must include this batch's appends.
+                            pending.flush(&mut tx).await?;
+                            sqlx::query("UPDATE streams SET start_pos = MAX(start_pos, MIN(?, tail)) WHERE id = ?")
+                                .bind(before.0 as i64)
+                                .bind(id)
+                                .execute(&mut *tx)
+                                .await?;
+                            // A row straddling the start stays: reads skip its head.
+                            sqlx::query("DELETE FROM chunks WHERE stream_id = ?1 AND end_pos <= (SELECT start_pos FROM streams WHERE id = ?1)")
+                                .bind(id)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        Op::SetRetention { secs } => {
+                            pending.flush(&mut tx).await?;
+                            sqlx::query("UPDATE streams SET retention_secs = ? WHERE id = ?")
+                                .bind(secs.map(|s| s as i64))
+                                .bind(id)
+                                .execute(&mut *tx)
+                                .await?;
                         }
                     }
                 }
@@ -430,6 +462,40 @@ impl Meta {
             .collect())
     }
 
+    /// Streams with an age retention after `after` (name order), at most `limit`:
+    /// each one's name, current start, and the end of its newest index row whose last
+    /// record is older than the retention at `now_ms` (`None`: nothing is). Timestamps
+    /// grow along a stream, so that row's end is where the expired prefix ends.
+    pub async fn retention_candidates(
+        &self,
+        now_ms: u64,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, Offset, Option<Offset>)>> {
+        let rows = sqlx::query(
+            "SELECT s.name, s.start_pos, (SELECT MAX(c.end_pos) FROM chunks c
+                 WHERE c.stream_id = s.id AND c.last_ts_ms < ?1 - s.retention_secs * 1000)
+             FROM streams s
+             WHERE s.retention_secs IS NOT NULL AND s.soft_deleted = 0 AND s.name > ?2
+             ORDER BY s.name LIMIT ?3",
+        )
+        .bind(now_ms as i64)
+        .bind(after)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    Offset(r.get::<i64, _>(1) as u64),
+                    r.get::<Option<i64>, _>(2).map(|v| Offset(v as u64)),
+                )
+            })
+            .collect())
+    }
+
     /// Index rows in the objects `keys` (at most a few hundred), grouped by
     /// object.
     pub async fn rows_in_objects(&self, keys: &[String]) -> Result<Vec<IndexRow>> {
@@ -592,15 +658,18 @@ fn chunk_row(r: &sqlx::sqlite::SqliteRow, first: usize) -> ChunkRow {
 
 /// Applies a compaction's move: the rows of the stream that start inside the span
 /// give way to one row for the new chunk. A stream deleted since compaction read
-/// its rows keeps nothing (ids are never reused, so the row would dangle).
+/// its rows keeps nothing (ids are never reused, so the row would dangle), and a
+/// span trimmed away since keeps nothing either (the trim already removed its rows;
+/// a span straddling the start is kept like any straddling row).
 async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()> {
-    let exists = sqlx::query("SELECT 1 FROM streams WHERE id = ?")
+    let start_pos: Option<i64> = sqlx::query("SELECT start_pos FROM streams WHERE id = ?")
         .bind(r.stream_id as i64)
         .fetch_optional(&mut *tx)
         .await?
-        .is_some();
-    if !exists {
-        return Ok(());
+        .map(|row| row.get(0));
+    match start_pos {
+        Some(start) if (r.end.0 as i64) > start => {}
+        _ => return Ok(()),
     }
     sqlx::query("DELETE FROM chunks WHERE stream_id = ? AND start_pos >= ? AND start_pos < ?")
         .bind(r.stream_id as i64)
@@ -608,13 +677,14 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
         .bind(r.end.0 as i64)
         .execute(&mut *tx)
         .await?;
-    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end) VALUES (?, ?, ?, ?, ?, ?)")
+    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms) VALUES (?, ?, ?, ?, ?, ?, ?)")
         .bind(r.stream_id as i64)
         .bind(r.start.0 as i64)
         .bind(r.end.0 as i64)
         .bind(&r.object_key)
         .bind(r.byte_range.start as i64)
         .bind(r.byte_range.end as i64)
+        .bind(r.last_ts_ms as i64)
         .execute(&mut *tx)
         .await?;
     Ok(())
@@ -643,6 +713,8 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
         stream_seq: r.get(13),
         soft_deleted: r.get::<i64, _>(14) != 0,
         last_access_ms: r.get::<i64, _>(15) as u64,
+        start: Offset(r.get::<i64, _>(16) as u64),
+        retention_secs: r.get::<Option<i64>, _>(17).map(|v| v as u64),
     }
 }
 
@@ -697,8 +769,17 @@ struct CreateRow<'a> {
     tail: i64,
 }
 
-/// `chunks` row: stream id, start and end position, object key, byte range.
-type NewChunk<'a> = (i64, i64, i64, &'a str, i64, i64);
+/// A `chunks` row of the batch.
+struct NewChunk<'a> {
+    stream_id: i64,
+    start: i64,
+    end: i64,
+    key: &'a str,
+    byte_start: i64,
+    byte_end: i64,
+    /// Timestamp of the row's last record.
+    last_ts_ms: i64,
+}
 
 /// Rows of a batch not yet written. `flush` writes them in dependency order: new
 /// streams, then chunks, then the stream updates (an update needs its row).
@@ -757,16 +838,17 @@ impl Pending<'_> {
         drop(rows);
         let mut rows = self.chunks.drain(..);
         for n in groups(rows.len()) {
-            let sql = values_sql("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end)", 6, n);
+            let sql = values_sql("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms)", 7, n);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (id, start, end, key, byte_start, byte_end) in rows.by_ref().take(n) {
+            for c in rows.by_ref().take(n) {
                 q = q
-                    .bind(id)
-                    .bind(start)
-                    .bind(end)
-                    .bind(key)
-                    .bind(byte_start)
-                    .bind(byte_end);
+                    .bind(c.stream_id)
+                    .bind(c.start)
+                    .bind(c.end)
+                    .bind(c.key)
+                    .bind(c.byte_start)
+                    .bind(c.byte_end)
+                    .bind(c.last_ts_ms);
             }
             q.execute(&mut *tx).await?;
         }
@@ -869,6 +951,66 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    /// Trim moves the start (never back, never past the tail) and drops the rows
+    /// that end at or below it, keeping one that straddles it; replaying the same
+    /// objects changes nothing.
+    #[tokio::test]
+    async fn trims_drop_rows_below_the_start_idempotently() {
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let batch = [
+            object(
+                0,
+                vec![(1, vec![create("s"), Op::Append(append(0, 3, 10))])],
+            ),
+            object(1, vec![(1, vec![Op::Append(append(3, 3, 20))])]),
+            object(
+                2,
+                vec![(
+                    1,
+                    vec![
+                        Op::Append(append(6, 3, 30)),
+                        Op::SetRetention { secs: Some(1) },
+                        Op::Trim { before: Offset(4) },
+                    ],
+                )],
+            ),
+            object(3, vec![(1, vec![Op::Trim { before: Offset(2) }])]),
+        ];
+        let spans = |meta: Meta| async move {
+            let rows = meta.chunks_from(1, Offset(0), 10).await.unwrap();
+            rows.iter()
+                .map(|c| (c.start.0, c.end.0))
+                .collect::<Vec<_>>()
+        };
+        for _ in 0..2 {
+            meta.apply(&batch).await.unwrap();
+            let row = meta.stream_by_name("s").await.unwrap().unwrap();
+            assert_eq!((row.start, row.retention_secs), (Offset(4), Some(1)));
+            // (0,3) is gone, (3,6) straddles the start and stays.
+            assert_eq!(spans(meta.clone()).await, [(3, 6), (6, 9)]);
+        }
+        // The newest row whose last record is older than the retention ends at 6.
+        let found = meta.retention_candidates(1_025, "", 10).await.unwrap();
+        assert_eq!(found, [("s".to_string(), Offset(4), Some(Offset(6)))]);
+        let found = meta.retention_candidates(1_000, "", 10).await.unwrap();
+        assert_eq!(found, [("s".to_string(), Offset(4), None)]);
+        // Past the tail: clamped to it, every row goes.
+        meta.apply(&[object(4, vec![(1, vec![Op::Trim { before: Offset(99) }])])])
+            .await
+            .unwrap();
+        let row = meta.stream_by_name("s").await.unwrap().unwrap();
+        assert_eq!(row.start, Offset(9));
+        assert!(spans(meta.clone()).await.is_empty());
+        meta.apply(&[object(5, vec![(1, vec![Op::SetRetention { secs: None }])])])
+            .await
+            .unwrap();
+        assert!(meta
+            .retention_candidates(u64::MAX >> 2, "", 10)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     /// Folding a batch's appends into one update per stream and multi-row inserts

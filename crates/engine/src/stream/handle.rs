@@ -44,8 +44,12 @@ pub enum Lifecycle {
 pub struct DurableView {
     /// Last durable sequencer op.
     pub op: u64,
+    /// First retained offset: reads below it answer 410 (trimmed).
+    pub start: Offset,
     pub tail: Offset,
     pub closed: bool,
+    /// Age retention in seconds (`None`: keep everything).
+    pub retention_secs: Option<u64>,
     pub lifecycle: Lifecycle,
     /// This handle left memory; re-resolve the stream by name.
     pub evicted: bool,
@@ -56,6 +60,9 @@ pub struct State {
     pub next_op: u64,
     /// Tail including ops not yet durable.
     pub tail: Offset,
+    /// Start including trims not yet durable.
+    pub start: Offset,
+    pub retention_secs: Option<u64>,
     pub closed: bool,
     pub closed_by: Option<ProducerStamp>,
     pub close_op: u64,
@@ -94,10 +101,12 @@ pub struct CachedRead {
 }
 
 impl StreamHandle {
-    /// A handle for a stream whose durable state is `tail`/`closed` (loaded or new).
+    /// A handle for a stream whose durable state is `start`/`tail`/`closed` (loaded or new).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: StreamConfig,
+        start: Offset,
+        retention_secs: Option<u64>,
         tail: Offset,
         closed: bool,
         closed_by: Option<ProducerStamp>,
@@ -109,8 +118,10 @@ impl StreamHandle {
     ) -> StreamHandle {
         let (durable, _) = watch::channel(DurableView {
             op: 0,
+            start,
             tail,
             closed,
+            retention_secs,
             lifecycle,
             evicted: false,
         });
@@ -119,6 +130,8 @@ impl StreamHandle {
             state: Mutex::new(State {
                 next_op: 1,
                 tail,
+                start,
+                retention_secs,
                 closed,
                 closed_by,
                 close_op: 0,
@@ -245,6 +258,8 @@ impl DurableListener for StreamHandle {
         let mut tail = None;
         let mut close = false;
         let mut lifecycle = None;
+        let mut start = None;
+        let mut retention = None;
         for (op_no, op) in ops {
             match op {
                 Op::Create(_) | Op::Relocate(_) => {}
@@ -269,6 +284,23 @@ impl DurableListener for StreamHandle {
                         Lifecycle::Deleted
                     });
                 }
+                Op::Trim { before } => start = Some(start.unwrap_or(Offset::ZERO).max(*before)),
+                Op::SetRetention { secs } => retention = Some(*secs),
+            }
+        }
+        let tail_now = tail.unwrap_or(self.durable.borrow().tail);
+        let start = start.map(|s| s.min(tail_now).max(self.durable.borrow().start));
+        if let Some(start) = start {
+            // Nobody may read below the start again: its records leave the cache
+            // now, indexed or not (the index drops their rows too).
+            while let Some(front) = st.cache.front() {
+                let end = front.start.advance(front.record.data.len() as u64);
+                if end > start {
+                    break;
+                }
+                st.cache_bytes -= front.record.data.len();
+                st.cache_floor = st.cache_floor.max(end);
+                st.cache.pop_front();
             }
         }
         // Published under the state lock so no other update interleaves; once per
@@ -281,6 +313,12 @@ impl DurableListener for StreamHandle {
             v.closed |= close;
             if let Some(l) = lifecycle {
                 v.lifecycle = l;
+            }
+            if let Some(start) = start {
+                v.start = start;
+            }
+            if let Some(secs) = retention {
+                v.retention_secs = secs;
             }
         });
         drop(st);

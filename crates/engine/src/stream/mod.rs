@@ -86,6 +86,8 @@ pub struct CreateRequest {
     pub content_type: Option<String>,
     pub ttl_secs: Option<u64>,
     pub expires_at: Option<String>,
+    /// Age retention in seconds (`Stream-Retention`); `None`: keep everything.
+    pub retention_secs: Option<u64>,
     pub closed: bool,
     pub fork: Option<ForkRequest>,
     pub body: Bytes,
@@ -101,6 +103,10 @@ pub struct StreamInfo {
     pub ttl_secs: Option<u64>,
     pub expires_at: Option<String>,
     pub created_ms: u64,
+    /// The stream's own first retained offset (see [`Engine::retained_start`] for
+    /// what a fork can read of its source).
+    pub start: Offset,
+    pub retention_secs: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -170,6 +176,8 @@ pub struct ServiceCounters {
     /// Records (messages) in those appends.
     pub append_records: AtomicU64,
     pub append_bytes: AtomicU64,
+    /// Trims that moved a stream's start (by request or by age retention).
+    pub trims: AtomicU64,
     /// Reads served from the in-memory tail cache, and their bytes.
     pub reads_memory: AtomicU64,
     pub read_bytes_memory: AtomicU64,
@@ -230,6 +238,8 @@ impl StreamRef {
             ttl_secs: c.ttl_secs,
             expires_at: c.expires_at.clone(),
             created_ms: c.created_ms,
+            start: view.start,
+            retention_secs: view.retention_secs,
         }
     }
 }
@@ -361,6 +371,10 @@ impl Engine {
             ));
             engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
+        if let Some(interval) = engine.inner.config.retention_interval {
+            let task = tokio::spawn(crate::retention::run(engine.clone(), interval));
+            engine.inner.tasks.lock().expect("tasks lock").push(task);
+        }
         Ok(engine)
     }
 
@@ -440,6 +454,8 @@ impl Engine {
         let last_access = row.last_access_ms.max(row.created_ms);
         Ok(Arc::new(StreamHandle::new(
             config,
+            row.start,
+            row.retention_secs,
             row.tail,
             row.closed,
             row.closed_by,
@@ -600,7 +616,50 @@ impl Engine {
 
     /// Stream metadata; does not count as an access (HEAD does not slide TTLs).
     pub async fn head(&self, name: &str) -> Result<StreamInfo> {
-        Ok(self.stream(name).await?.info())
+        let stream = self.stream(name).await?;
+        let mut info = stream.info();
+        info.start = self.retained_start(&stream).await?;
+        Ok(info)
+    }
+
+    /// The first offset a reader of `stream` can read: its own start, or for a fork
+    /// whose start is below its fork point, as far up as its source chain trimmed
+    /// (a fork reading inherited data below its source's start gets 410 too).
+    pub async fn retained_start(&self, stream: &StreamRef) -> Result<Offset> {
+        self.start_of(&stream.handle).await
+    }
+
+    /// `Err(Trimmed)` if `from` is below what a reader of `stream` can read. Only a
+    /// read below a fork point asks the fork's sources.
+    pub async fn check_retained(&self, stream: &StreamRef, from: Offset) -> Result<()> {
+        let handle = &stream.handle;
+        let inherited = handle.config.fork.as_ref().is_some_and(|f| from < f.point);
+        if from < handle.view().start || inherited {
+            let start = self.start_of(handle).await?;
+            if from < start {
+                return Err(EngineError::Trimmed { start });
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_of(&self, handle: &Arc<StreamHandle>) -> Result<Offset> {
+        let mut start = handle.view().start;
+        let mut level = handle.clone();
+        let mut cap = Offset(u64::MAX);
+        while let Some(origin) = level.config.fork.clone() {
+            cap = cap.min(origin.point);
+            if start >= cap {
+                break;
+            }
+            let source = self
+                .lookup_id(origin.source_id)
+                .await?
+                .ok_or_else(|| EngineError::Internal("fork source is missing".into()))?;
+            start = start.max(source.view().start.min(cap));
+            level = source;
+        }
+        Ok(start)
     }
 
     /// Marks a read or write access (slides the TTL).
@@ -689,6 +748,7 @@ impl Engine {
                 "Stream-TTL and Stream-Expires-At are mutually exclusive",
             ));
         }
+        validate_retention(req.retention_secs)?;
         let expires_at_ms = match &req.expires_at {
             Some(s) => Some(parse_rfc3339_ms(s).ok_or_else(|| {
                 EngineError::bad_request("Stream-Expires-At must be an RFC 3339 timestamp")
@@ -774,6 +834,12 @@ impl Engine {
         if req.closed != view.closed {
             return mismatch("closed state");
         }
+        // Retention can change after creation (admin API): only a stated one must match.
+        // Sequencer state: the retention op follows the create and may not be durable yet.
+        let retention_secs = existing.lock().retention_secs;
+        if req.retention_secs.is_some() && req.retention_secs != retention_secs {
+            return mismatch("retention");
+        }
         match (&req.fork, &c.fork) {
             (None, None) => {
                 if req.ttl_secs != c.ttl_secs || req.expires_at != c.expires_at {
@@ -842,6 +908,12 @@ impl Engine {
             }
             let tail = source.view().tail;
             let anchor = f.offset.unwrap_or(tail);
+            let source_start = self.start_of(&source).await?;
+            if anchor < source_start {
+                return Err(EngineError::Trimmed {
+                    start: source_start,
+                });
+            }
             if anchor > tail {
                 return Err(EngineError::bad_request(
                     "Stream-Fork-Offset is beyond the source stream's tail",
@@ -895,6 +967,8 @@ impl Engine {
         };
         let handle = Arc::new(StreamHandle::new(
             config,
+            Offset::ZERO,
+            None,
             start,
             false,
             None,
@@ -927,6 +1001,13 @@ impl Engine {
                 return Err(e);
             }
             st.next_op = 2;
+            if req.retention_secs.is_some() {
+                // The create op predates retention; the setting travels as its own op.
+                let secs = req.retention_secs;
+                self.submit(&handle, 2, Op::SetRetention { secs })?;
+                st.retention_secs = secs;
+                st.next_op = 3;
+            }
             if !records.is_empty() || req.closed {
                 let op = self.build_append(&mut st, records, req.closed, None, None);
                 // The create is queued; if this fails the stream exists, empty.
@@ -1267,6 +1348,110 @@ impl Engine {
         }
     }
 
+    // ---- trim and retention ------------------------------------------------------
+
+    /// Drops `name`'s data below `before`: reads there answer 410 from then on, and
+    /// the bytes go with GC (whole WAL objects) or compaction. Goes through the
+    /// sequencer as a WAL op, so a rebuild from the bucket replays it. Trimming at or
+    /// below the current start changes nothing; beyond the tail is a bad request.
+    /// Returns the stream's start once the trim is durable.
+    ///
+    /// On a JSON stream `before` must be a message boundary (an offset the server
+    /// handed out): a start inside a message would make reads from -1 begin with a
+    /// fragment of it. Byte streams have no boundaries to keep.
+    pub async fn trim(&self, name: &str, before: Offset) -> Result<Offset> {
+        let stream = self.stream(name).await?;
+        let view = stream.handle.view();
+        if stream.handle.config.json && before > view.start && before < view.tail {
+            // The record holding the byte before `before` must end right at it.
+            let last = self
+                .read_view(&stream.handle, Offset(before.0 - 1), view.tail, 1, false)
+                .await?;
+            if last.segments.first().map(Bytes::len) != Some(1) {
+                return Err(EngineError::bad_request(format!(
+                    "{before} is inside a JSON message; trim at a message boundary (an offset the server returned)"
+                )));
+            }
+        }
+        self.trim_at_boundary(name, before).await
+    }
+
+    /// [`Engine::trim`] at an offset known to be a record boundary (the end of an
+    /// index row, for the retention pass).
+    pub async fn trim_at_boundary(&self, name: &str, before: Offset) -> Result<Offset> {
+        for _ in 0..16 {
+            let handle = self.stream(name).await?.handle;
+            let (op_no, start, moved) = {
+                let mut st = handle.lock();
+                if st.evicted {
+                    continue;
+                }
+                match st.lifecycle {
+                    Lifecycle::Live => {}
+                    Lifecycle::SoftDeleted => return Err(EngineError::Gone),
+                    Lifecycle::Deleted => return Err(EngineError::NotFound),
+                }
+                if before > st.tail {
+                    return Err(EngineError::bad_request(format!(
+                        "cannot trim before {before}: the stream ends at {}",
+                        st.tail
+                    )));
+                }
+                if before <= st.start {
+                    // Already trimmed this far (maybe not durable yet: wait for it).
+                    (st.next_op - 1, st.start, false)
+                } else {
+                    let op_no = st.next_op;
+                    self.submit(&handle, op_no, Op::Trim { before })?;
+                    st.next_op += 1;
+                    st.start = before;
+                    (op_no, before, true)
+                }
+            };
+            if op_no > 0 {
+                self.wait_durable(&handle, op_no).await?;
+            }
+            if moved {
+                self.inner.counters.trims.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(stream = %name, start = %start, "stream trimmed");
+            }
+            return Ok(start);
+        }
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
+    }
+
+    /// Sets (or with `None` clears) `name`'s age retention; the retention pass trims
+    /// what is older (see `retention`).
+    pub async fn set_retention(&self, name: &str, secs: Option<u64>) -> Result<()> {
+        validate_retention(secs)?;
+        for _ in 0..16 {
+            let handle = self.stream(name).await?.handle;
+            let op_no = {
+                let mut st = handle.lock();
+                if st.evicted {
+                    continue;
+                }
+                match st.lifecycle {
+                    Lifecycle::Live => {}
+                    Lifecycle::SoftDeleted => return Err(EngineError::Gone),
+                    Lifecycle::Deleted => return Err(EngineError::NotFound),
+                }
+                let op_no = st.next_op;
+                self.submit(&handle, op_no, Op::SetRetention { secs })?;
+                st.next_op += 1;
+                st.retention_secs = secs;
+                op_no
+            };
+            self.wait_durable(&handle, op_no).await?;
+            return Ok(());
+        }
+        Err(EngineError::Unavailable(
+            "stream is changing state too fast; retry".into(),
+        ))
+    }
+
     async fn expire(&self, handle: &Arc<StreamHandle>) -> Result<()> {
         let _guard = self.inner.lifecycle.lock().await;
         if handle.view().lifecycle != Lifecycle::Live {
@@ -1292,6 +1477,7 @@ impl Engine {
                 "offset is beyond the end of the stream",
             ));
         }
+        self.check_retained(stream, from).await?;
         let mut chunk = self
             .read_view(handle, from, view.tail, max_bytes, !handle.config.json)
             .await?;
@@ -1390,6 +1576,8 @@ impl Engine {
                 .chunks_from(handle.config.id, out.next, COLD_ROWS)
                 .await?;
             if rows.is_empty() || rows[0].start > out.next {
+                // A trim that overtook this read removed the rows.
+                trimmed_under(handle, out.next)?;
                 return Err(EngineError::Internal(format!(
                     "stream {} has no index entry for offset {}",
                     handle.config.name, out.next
@@ -1407,10 +1595,12 @@ impl Engine {
                         continue 'lookup;
                     }
                     Err(e) => {
+                        // GC may delete a trimmed row's object under a reader.
+                        trimmed_under(handle, out.next)?;
                         return Err(EngineError::Unavailable(format!(
                             "object store read of {}: {e}",
                             row.object_key
-                        )))
+                        )));
                     }
                 };
                 let (_, ops) = format::decode_chunk(&bytes)
@@ -1651,6 +1841,28 @@ impl Engine {
             }
         }
         next
+    }
+}
+
+/// `Err(Trimmed)` if `pos` is now below the stream's start.
+fn trimmed_under(handle: &StreamHandle, pos: Offset) -> Result<()> {
+    let start = handle.view().start;
+    if pos < start {
+        return Err(EngineError::Trimmed { start });
+    }
+    Ok(())
+}
+
+/// A retention must be a positive number of seconds within `RETENTION_SECS_MAX`.
+fn validate_retention(secs: Option<u64>) -> Result<()> {
+    match secs {
+        Some(s) if s == 0 || s > crate::config::RETENTION_SECS_MAX => {
+            Err(EngineError::bad_request(format!(
+                "retention must be 1 to {} seconds",
+                crate::config::RETENTION_SECS_MAX
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -1923,6 +2135,12 @@ impl Engine {
             "counter",
             "Appends acknowledged as durable (idempotent duplicates excluded).",
             get(&c.appends),
+        )
+        .single(
+            "picomq_trims_total",
+            "counter",
+            "Trims that moved a stream's start (by request or by age retention).",
+            get(&c.trims),
         )
         .single(
             "picomq_append_records_total",

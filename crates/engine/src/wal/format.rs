@@ -26,7 +26,8 @@ pub const SEAL_MAGIC: &[u8; 4] = b"PMQS";
 const TAG_CREATE: u8 = 1;
 const TAG_APPEND: u8 = 2;
 const TAG_DELETE: u8 = 3;
-// Tags 4 and 5 are trim and retention.
+const TAG_TRIM: u8 = 4;
+const TAG_SET_RETENTION: u8 = 5;
 const TAG_RELOCATE: u8 = 6;
 
 /// Record flag: this record starts a new append (a JSON batch spans several records).
@@ -94,6 +95,17 @@ pub enum Op {
     /// Compaction moved a stream's data: written in the system chunk (stream id
     /// [`SYSTEM_STREAM`]), so replaying the log reproduces every index change.
     Relocate(RelocateOp),
+    /// Records below `before` are no longer retained: reads there answer 410 and
+    /// index rows that end at or below it go (their bytes with GC or compaction).
+    /// Applying it never moves a stream's start backwards or past its tail.
+    Trim {
+        before: Offset,
+    },
+    /// Age retention in seconds (`None`: keep everything); a background pass trims
+    /// what is older.
+    SetRetention {
+        secs: Option<u64>,
+    },
 }
 
 /// Chunks of this stream id hold node-level ops (relocations), not a stream's.
@@ -218,6 +230,14 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u64_le(r.byte_range.end);
             out.put_u64_le(r.last_ts_ms);
         }
+        Op::Trim { before } => {
+            out.put_u8(TAG_TRIM);
+            out.put_u64_le(before.0);
+        }
+        Op::SetRetention { secs } => {
+            out.put_u8(TAG_SET_RETENTION);
+            put_opt_u64(out, *secs);
+        }
     }
 }
 
@@ -234,6 +254,8 @@ pub fn encoded_len(op: &Op) -> usize {
         }
         Op::Delete { .. } => 2,
         Op::Relocate(r) => 53 + r.object_key.len(),
+        Op::Trim { .. } => 9,
+        Op::SetRetention { secs } => 2 + secs.map_or(0, |_| 8),
     }
 }
 
@@ -430,6 +452,12 @@ impl Reader {
                 byte_range: self.u64()?..self.u64()?,
                 last_ts_ms: self.u64()?,
             })),
+            TAG_TRIM => Ok(Op::Trim {
+                before: Offset(self.u64()?),
+            }),
+            TAG_SET_RETENTION => Ok(Op::SetRetention {
+                secs: self.opt_u64()?,
+            }),
             _ => Err(FormatError("unknown op tag")),
         }
     }
@@ -483,6 +511,9 @@ mod tests {
                 }),
                 stream_seq: Some("s1".into()),
             }),
+            Op::Trim { before: Offset(3) },
+            Op::SetRetention { secs: Some(3600) },
+            Op::SetRetention { secs: None },
             Op::Delete { soft: true },
             Op::Relocate(RelocateOp {
                 stream_id: 9,
@@ -505,6 +536,36 @@ mod tests {
         // A ranged read of just the chunk decodes on its own.
         let (id, again) = decode_chunk(&object.slice(range)).unwrap();
         assert_eq!((id, again), (42, ops));
+    }
+
+    /// `encoded_len` is what buffer accounting charges: it must cover the real bytes.
+    #[test]
+    fn encoded_len_covers_small_ops() {
+        for op in [
+            Op::Trim {
+                before: Offset(u64::MAX),
+            },
+            Op::SetRetention { secs: Some(1) },
+            Op::SetRetention { secs: None },
+            Op::Delete { soft: false },
+        ] {
+            let mut out = BytesMut::new();
+            encode_op(&mut out, &op);
+            assert_eq!(out.len(), encoded_len(&op), "{op:?}");
+        }
+    }
+
+    /// The tags are the on-disk format: they never change meaning.
+    #[test]
+    fn op_tags_are_stable() {
+        let tag = |op: Op| {
+            let mut out = BytesMut::new();
+            encode_op(&mut out, &op);
+            out[0]
+        };
+        assert_eq!(tag(Op::Delete { soft: true }), 3);
+        assert_eq!(tag(Op::Trim { before: Offset(1) }), 4);
+        assert_eq!(tag(Op::SetRetention { secs: None }), 5);
     }
 
     #[test]

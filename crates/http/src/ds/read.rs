@@ -45,6 +45,10 @@ pub async fn head(app: &AppState, name: String) -> HttpResult {
     if let Some(at) = &info.expires_at {
         r = r.header(STREAM_EXPIRES_AT, value(at));
     }
+    r = r.header(STREAM_START_OFFSET, offset_value(info.start));
+    if let Some(secs) = info.retention_secs {
+        r = r.header(STREAM_RETENTION, secs);
+    }
     Ok(r.body(Body::empty()).expect("valid response"))
 }
 
@@ -95,10 +99,15 @@ pub async fn get(
         _ => Some(app.live.acquire(&name, caller.token_id())?),
     };
     let tail = stream.info().tail;
+    // -1 means the earliest retained data; an offset below it is 410, checked here
+    // too so that SSE answers 410 rather than starting an event stream.
     let from = match query {
-        OffsetQuery::Start => picomq_engine::Offset::ZERO,
+        OffsetQuery::Start => app.engine.retained_start(&stream).await?,
         OffsetQuery::Now => tail,
-        OffsetQuery::At(o) => o,
+        OffsetQuery::At(o) => {
+            app.engine.check_retained(&stream, o).await?;
+            o
+        }
     };
     match live {
         Live::Sse => {
@@ -143,10 +152,15 @@ pub async fn get(
             return Ok(r.body(Body::empty()).expect("valid response"));
         }
     }
+    // After a trim, -1 names different bytes: the tag carries where they began.
+    let requested = match query {
+        OffsetQuery::Start if from > picomq_engine::Offset::ZERO => from.to_string(),
+        _ => offset_param.to_string(),
+    };
     let etag = format!(
         "\"{}:{}:{}{}\"",
         stream.info().id,
-        offset_param,
+        requested,
         chunk.next,
         if chunk.closed { ":c" } else { "" }
     );

@@ -56,6 +56,21 @@ pub async fn create(
             ));
         }
     }
+    let retention_secs = headers::text(headers, &STREAM_RETENTION)?
+        .map(|r| {
+            let secs = headers::strict_uint(
+                r.trim(),
+                "Stream-Retention",
+                picomq_engine::config::RETENTION_SECS_MAX,
+            )?;
+            if secs == 0 {
+                return Err(ApiError::bad_request(
+                    "Stream-Retention must be a positive number of seconds",
+                ));
+            }
+            Ok(secs)
+        })
+        .transpose()?;
     let forked_from = headers::text(headers, &STREAM_FORKED_FROM)?;
     let fork_offset = headers::text(headers, &STREAM_FORK_OFFSET)?;
     let sub_offset = headers::text(headers, &STREAM_FORK_SUB_OFFSET)?;
@@ -102,6 +117,7 @@ pub async fn create(
         content_type: content_type(headers)?,
         ttl_secs,
         expires_at: expires_at.map(str::to_string),
+        retention_secs,
         closed: headers::flag_true(headers, &STREAM_CLOSED),
         fork,
         body,

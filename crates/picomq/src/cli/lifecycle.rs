@@ -1,4 +1,5 @@
-//! `create`, `head`, `ls`, `close` and `rm`: one request each (`ls` one per page).
+//! `create`, `head`, `ls`, `close`, `rm` and `trim`: one request each (`ls` one per
+//! page).
 
 use bytes::Bytes;
 use clap::Args;
@@ -40,6 +41,10 @@ pub struct CreateArgs {
     /// Delete the stream at this time (RFC 3339, e.g. 2030-01-01T00:00:00Z).
     #[arg(long, value_name = "TIME")]
     pub expires_at: Option<String>,
+    /// Drop records older than this (seconds, or 7d); the server trims them in the
+    /// background, a WAL object's worth at a time.
+    #[arg(long, value_name = "SECS", value_parser = ttl_secs)]
+    pub retention: Option<u64>,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -59,6 +64,10 @@ pub async fn create(args: CreateArgs) -> CliResult {
     }
     if let Some(at) = &args.expires_at {
         headers.push(("stream-expires-at", at));
+    }
+    let retention = args.retention.map(|r| r.to_string());
+    if let Some(retention) = &retention {
+        headers.push(("stream-retention", retention));
     }
     let r = ctx
         .send(HttpMethod::PUT, &path, &headers, Bytes::new())
@@ -102,6 +111,8 @@ pub async fn head(args: NameArgs) -> CliResult {
         "closed": r.header("stream-closed") == Some("true"),
         "ttlSeconds": r.header("stream-ttl").and_then(|t| t.parse::<u64>().ok()),
         "expiresAt": r.header("stream-expires-at"),
+        "startOffset": r.header("stream-start-offset"),
+        "retentionSeconds": r.header("stream-retention").and_then(|t| t.parse::<u64>().ok()),
     });
     if ctx.json() {
         return out_json(&info);
@@ -112,13 +123,15 @@ pub async fn head(args: NameArgs) -> CliResult {
         other => other.to_string(),
     };
     let text = format!(
-        "name:         {}\ncontent-type: {}\nnext-offset:  {}\nclosed:       {}\nttl-seconds:  {}\nexpires-at:   {}\n",
+        "name:         {}\ncontent-type: {}\nstart-offset: {}\nnext-offset:  {}\nclosed:       {}\nttl-seconds:  {}\nexpires-at:   {}\nretention:    {}\n",
         field(&info["name"]),
         field(&info["contentType"]),
+        field(&info["startOffset"]),
         field(&info["nextOffset"]),
         field(&info["closed"]),
         field(&info["ttlSeconds"]),
         field(&info["expiresAt"]),
+        field(&info["retentionSeconds"]),
     );
     out(text.as_bytes())
 }
@@ -161,6 +174,46 @@ pub async fn rm(args: NameArgs) -> CliResult {
         return out_json(&json!({ "name": args.name, "deleted": true }));
     }
     note(&ctx, format!("deleted {}", args.name));
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct TrimArgs {
+    /// Stream name: its URL path on the server, e.g. logs/app.
+    pub name: String,
+    /// Drop every record before this offset (a Stream-Next-Offset value, as `read`
+    /// and `head` print them).
+    #[arg(long, value_name = "OFFSET")]
+    pub before: String,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// The trim endpoint of a stream path (reserved path; see the README's HTTP API).
+fn trim_path(stream_path: &str, before: &str) -> String {
+    format!(
+        "/__picomq/streams{stream_path}/trim?before={}",
+        query_value(before)
+    )
+}
+
+pub async fn trim(args: TrimArgs) -> CliResult {
+    let ctx = Ctx::new(&args.conn)?;
+    let path = trim_path(&stream_path(&args.name)?, &args.before);
+    let r = ctx.send(HttpMethod::POST, &path, &[], Bytes::new()).await?;
+    if r.status.as_u16() != 200 {
+        return Err(Failure::from_response(&format!("trim {}", args.name), &r));
+    }
+    let body: Value = serde_json::from_slice(&r.body)
+        .map_err(|e| Failure::new(Kind::Other, format!("trim: the answer is not JSON: {e}")))?;
+    let start = body["start"].as_str().unwrap_or("?");
+    if ctx.json() {
+        return out_json(&json!({ "name": args.name, "startOffset": start }));
+    }
+    note(
+        &ctx,
+        format!("trimmed {}: it now starts at offset {start}", args.name),
+    );
     Ok(())
 }
 

@@ -37,6 +37,8 @@ pub enum ClientCommand {
     Close(lifecycle::NameArgs),
     /// Delete a stream and its records.
     Rm(lifecycle::NameArgs),
+    /// Drop a stream's records before an offset (reads there then answer 410).
+    Trim(lifecycle::TrimArgs),
     /// Issue, list and revoke access tokens (servers run with --auth required).
     Token {
         #[command(subcommand)]
@@ -52,6 +54,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Tail(a) => a.read.conn.output,
         ClientCommand::Head(a) | ClientCommand::Close(a) | ClientCommand::Rm(a) => a.conn.output,
         ClientCommand::Ls(a) => a.conn.output,
+        ClientCommand::Trim(a) => a.conn.output,
         ClientCommand::Token { command } => command.conn().output,
     };
     let result = match command {
@@ -63,6 +66,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Ls(a) => lifecycle::ls(a).await,
         ClientCommand::Close(a) => lifecycle::close(a).await,
         ClientCommand::Rm(a) => lifecycle::rm(a).await,
+        ClientCommand::Trim(a) => lifecycle::trim(a).await,
         ClientCommand::Token { command } => token::run(command).await,
     };
     match result {

@@ -1,0 +1,179 @@
+//! Trimming and retention of one stream, under the reserved `__picomq` namespace:
+//!
+//! - `POST /__picomq/streams/{name}/trim?before=OFFSET`: drop the stream's data below
+//!   `OFFSET` (a `Stream-Next-Offset` token); answers `{"stream", "start"}`.
+//! - `POST /__picomq/streams/{name}/retention?seconds=N|none`: set or clear the
+//!   stream's age retention; answers `{"stream", "retentionSeconds", "start"}`.
+//!
+//! `{name}` is the stream's path and may contain `/`: the last segment names the
+//! action. Both drop data, so with auth on they need the `delete` scope on the stream.
+//! The stream service does the work (`Engine::trim`, `Engine::set_retention`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, Request, Response, StatusCode};
+use picomq_engine::config::RETENTION_SECS_MAX;
+use picomq_engine::Offset;
+use serde_json::json;
+
+use crate::auth::{Op, Principal};
+use crate::ds::{percent_decode, stream_name};
+use crate::error::ApiError;
+use crate::headers;
+use crate::AppState;
+
+/// Route of both endpoints: everything after it is `{name}/{action}`.
+pub const PATH: &str = "/__picomq/streams/{*rest}";
+const PREFIX: &str = "/__picomq/streams/";
+
+#[derive(Debug, PartialEq, Eq)]
+enum Action {
+    Trim { before: Offset },
+    Retention { secs: Option<u64> },
+}
+
+/// The stream name (as addressed, percent-escapes kept) and the action of a path.
+fn target(path: &str, max_name_bytes: usize) -> Result<(String, &str), ApiError> {
+    let rest = path.strip_prefix(PREFIX).unwrap_or(path);
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such endpoint: use POST /__picomq/streams/{name}/trim?before=OFFSET or /__picomq/streams/{name}/retention?seconds=N",
+        )
+    };
+    let (name, action) = rest.rsplit_once('/').ok_or_else(not_found)?;
+    if action != "trim" && action != "retention" {
+        return Err(not_found());
+    }
+    Ok((stream_name(&format!("/{name}"), max_name_bytes)?, action))
+}
+
+/// The query of `action`: exactly its one parameter.
+fn action(action: &str, raw: Option<&str>) -> Result<Action, ApiError> {
+    let wanted = if action == "trim" {
+        "before"
+    } else {
+        "seconds"
+    };
+    let mut value = None;
+    for pair in raw.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+        let (key, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v)
+            .ok_or_else(|| ApiError::bad_request(format!("query parameter {key} is malformed")))?;
+        if key != wanted {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {key:?}; {action} takes only {wanted}"
+            )));
+        }
+        value = Some(v);
+    }
+    let value = value
+        .ok_or_else(|| ApiError::bad_request(format!("{action} needs the {wanted} parameter")))?;
+    if action == "trim" {
+        let before =
+            Offset::parse(&value).map_err(|e| ApiError::bad_request(format!("before: {e}")))?;
+        return Ok(Action::Trim { before });
+    }
+    if value == "none" {
+        return Ok(Action::Retention { secs: None });
+    }
+    let secs = headers::strict_uint(&value, "seconds", RETENTION_SECS_MAX)?;
+    if secs == 0 {
+        return Err(ApiError::bad_request(
+            "seconds must be positive (or none to keep everything)",
+        ));
+    }
+    Ok(Action::Retention { secs: Some(secs) })
+}
+
+pub async fn handle(
+    State(app): State<Arc<AppState>>,
+    request: Request<Body>,
+) -> Result<Response<Body>, ApiError> {
+    let (parts, _body) = request.into_parts();
+    let principal = parts.extensions.get::<Principal>();
+    let (mut name, verb) = target(parts.uri.path(), app.engine.config().stream_name_bytes_max)?;
+    let shown = name.clone();
+    if let Some(auth) = &app.auth {
+        name = auth.authorize_stream(principal, Op::Delete, name)?;
+    }
+    let body = match action(verb, parts.uri.query())? {
+        Action::Trim { before } => {
+            let start = app.engine.trim(&name, before).await?;
+            json!({ "stream": shown, "start": start.to_string() })
+        }
+        Action::Retention { secs } => {
+            app.engine.set_retention(&name, secs).await?;
+            let info = app.engine.head(&name).await?;
+            json!({
+                "stream": shown,
+                "retentionSeconds": info.retention_secs,
+                "start": info.start.to_string(),
+            })
+        }
+    };
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from(body.to_string()))
+        .expect("valid response"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_a_stream_and_an_action() {
+        let t = |p: &str| target(p, 1024).map(|(n, a)| (n, a.to_string()));
+        assert_eq!(
+            t("/__picomq/streams/a/b/trim").unwrap(),
+            ("a/b".into(), "trim".into())
+        );
+        assert_eq!(
+            t("/__picomq/streams/x/trim/retention").unwrap(),
+            ("x/trim".into(), "retention".into())
+        );
+        for bad in [
+            "/__picomq/streams/trim",
+            "/__picomq/streams/a/cut",
+            "/__picomq/streams/a/../trim",
+            "/__picomq/streams//trim",
+        ] {
+            assert!(t(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn queries_are_validated() {
+        let off = Offset(7).to_string();
+        assert_eq!(
+            action("trim", Some(&format!("before={off}"))).unwrap(),
+            Action::Trim { before: Offset(7) }
+        );
+        assert_eq!(
+            action("retention", Some("seconds=60")).unwrap(),
+            Action::Retention { secs: Some(60) }
+        );
+        assert_eq!(
+            action("retention", Some("seconds=none")).unwrap(),
+            Action::Retention { secs: None }
+        );
+        for (verb, bad) in [
+            ("trim", None),
+            ("trim", Some("before=12")),
+            ("trim", Some("before=-1")),
+            ("trim", Some(&*format!("before={off}&x=1"))),
+            ("retention", Some("seconds=0")),
+            ("retention", Some("seconds=-5")),
+            ("retention", Some("seconds=1e3")),
+            ("retention", Some("seconds=99999999999")),
+        ] {
+            assert!(action(verb, bad).is_err(), "{verb} {bad:?}");
+        }
+    }
+}
