@@ -1362,7 +1362,8 @@ impl Engine {
     pub async fn trim(&self, name: &str, before: Offset) -> Result<Offset> {
         let stream = self.stream(name).await?;
         let view = stream.handle.view();
-        if stream.handle.config.json && before > view.start && before < view.tail {
+        let json = stream.handle.config.json;
+        if json && before < view.tail && before > self.start_of(&stream.handle).await? {
             // The record holding the byte before `before` must end right at it.
             let last = self
                 .read_view(&stream.handle, Offset(before.0 - 1), view.tail, 1, false)
