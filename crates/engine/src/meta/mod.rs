@@ -610,15 +610,29 @@ impl Meta {
             return Ok(());
         }
         self.wrote_locally();
-        let mut tx = self.pool.begin().await?;
-        for (id, ms) in updates {
-            sqlx::query("UPDATE streams SET last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")
-                .bind(*ms as i64)
-                .bind(*id as i64)
-                .execute(&mut *tx)
-                .await?;
+        // Many short statements, each its own transaction, not one transaction for
+        // the whole batch: a sweep can touch 100,000 streams at once, and holding the
+        // write lock for that long stalls the indexer, then the WAL behind it, then
+        // appends (seen as 10 s append timeouts while a million streams went dormant).
+        let mut rest = updates;
+        while !rest.is_empty() {
+            let n = if rest.len() >= TOUCH_GROUP {
+                TOUCH_GROUP
+            } else {
+                groups(rest.len()).next().expect("a non-empty group")
+            };
+            let (now, later) = rest.split_at(n);
+            let sql = format!(
+                "UPDATE streams SET last_access_ms = MAX(last_access_ms, v.column2) FROM ({}) AS v WHERE streams.id = v.column1",
+                values_sql("", 2, n).trim_start()
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (id, ms) in now {
+                q = q.bind(*id as i64).bind(*ms as i64);
+            }
+            q.execute(&self.pool).await?;
+            rest = later;
         }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -789,6 +803,9 @@ struct Pending<'a> {
     chunks: Vec<NewChunk<'a>>,
     runs: HashMap<u64, AppendRun<'a>>,
 }
+
+/// Access times one `touch` statement updates.
+const TOUCH_GROUP: usize = 256;
 
 /// Rows per multi-row `INSERT`, largest first: a batch of n rows takes one
 /// statement per set bit of n (at most 32 rows each), so only six statement
@@ -1011,6 +1028,24 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    /// Touches go out in groups (256, then 32, 16, ...): every stream gets its own
+    /// access time, and an older time never overwrites a newer one.
+    #[tokio::test]
+    async fn touch_updates_every_stream_in_groups() {
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let streams: Vec<(u64, Vec<Op>)> = (1..=301)
+            .map(|id| (id, vec![create(&format!("s{id}"))]))
+            .collect();
+        meta.apply(&[object(1, streams)]).await.unwrap();
+        let updates: Vec<(u64, u64)> = (1..=301).map(|id| (id, 1_000 + id)).collect();
+        meta.touch(&updates).await.unwrap();
+        meta.touch(&[(7, 5)]).await.unwrap(); // older: ignored
+        for id in [1, 7, 256, 257, 300, 301] {
+            let row = meta.stream_by_id(id).await.unwrap().unwrap();
+            assert_eq!(row.last_access_ms, 1_000 + id, "stream {id}");
+        }
     }
 
     /// Folding a batch's appends into one update per stream and multi-row inserts
