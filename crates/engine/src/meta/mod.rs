@@ -610,28 +610,24 @@ impl Meta {
             return Ok(());
         }
         self.wrote_locally();
-        // Many short statements, each its own transaction, not one transaction for
-        // the whole batch: a sweep can touch 100,000 streams at once, and holding the
-        // write lock for that long stalls the indexer, then the WAL behind it, then
-        // appends (seen as 10 s append timeouts while a million streams went dormant).
-        let mut rest = updates;
-        while !rest.is_empty() {
-            let n = if rest.len() >= TOUCH_GROUP {
-                TOUCH_GROUP
-            } else {
-                groups(rest.len()).next().expect("a non-empty group")
-            };
-            let (now, later) = rest.split_at(n);
-            let sql = format!(
-                "UPDATE streams SET last_access_ms = MAX(last_access_ms, v.column2) FROM ({}) AS v WHERE streams.id = v.column1",
-                values_sql("", 2, n).trim_start()
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (id, ms) in now {
-                q = q.bind(*id as i64).bind(*ms as i64);
+        // Short transactions of `TOUCH_GROUP` updates, not one for the whole batch: a
+        // sweep can touch 100,000 streams at once, and holding the write lock that
+        // long stalls the indexer, then the WAL behind it, then appends (seen as 10 s
+        // append timeouts while a million streams went dormant). One statement per
+        // row by primary key: an `UPDATE ... FROM (VALUES ...)` was planned as a scan
+        // of the whole table (1 s per 256 rows at a million streams).
+        for group in updates.chunks(TOUCH_GROUP) {
+            let mut tx = self.pool.begin().await?;
+            for (id, ms) in group {
+                sqlx::query(
+                    "UPDATE streams SET last_access_ms = MAX(last_access_ms, ?) WHERE id = ?",
+                )
+                .bind(*ms as i64)
+                .bind(*id as i64)
+                .execute(&mut *tx)
+                .await?;
             }
-            q.execute(&self.pool).await?;
-            rest = later;
+            tx.commit().await?;
         }
         Ok(())
     }
@@ -804,7 +800,7 @@ struct Pending<'a> {
     runs: HashMap<u64, AppendRun<'a>>,
 }
 
-/// Access times one `touch` statement updates.
+/// Access times one `touch` transaction updates.
 const TOUCH_GROUP: usize = 256;
 
 /// Rows per multi-row `INSERT`, largest first: a batch of n rows takes one
@@ -1030,8 +1026,8 @@ mod tests {
             .is_empty());
     }
 
-    /// Touches go out in groups (256, then 32, 16, ...): every stream gets its own
-    /// access time, and an older time never overwrites a newer one.
+    /// Touches go out in transactions of 256: every stream gets its own access
+    /// time, and an older time never overwrites a newer one.
     #[tokio::test]
     async fn touch_updates_every_stream_in_groups() {
         let meta = Meta::open("sqlite::memory:").await.unwrap();
