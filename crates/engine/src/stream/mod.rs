@@ -1380,18 +1380,8 @@ impl Engine {
     /// [`Engine::trim`] at an offset known to be a record boundary (the end of an
     /// index row, for the retention pass).
     pub async fn trim_at_boundary(&self, name: &str, before: Offset) -> Result<Offset> {
-        for _ in 0..16 {
-            let handle = self.stream(name).await?.handle;
-            let (op_no, start, moved) = {
-                let mut st = handle.lock();
-                if st.evicted {
-                    continue;
-                }
-                match st.lifecycle {
-                    Lifecycle::Live => {}
-                    Lifecycle::SoftDeleted => return Err(EngineError::Gone),
-                    Lifecycle::Deleted => return Err(EngineError::NotFound),
-                }
+        let (start, moved) = self
+            .stream_op(name, |engine, handle, st| {
                 if before > st.tail {
                     return Err(EngineError::bad_request(format!(
                         "cannot trim before {before}: the stream ends at {}",
@@ -1400,36 +1390,47 @@ impl Engine {
                 }
                 if before <= st.start {
                     // Already trimmed this far (maybe not durable yet: wait for it).
-                    (st.next_op - 1, st.start, false)
-                } else {
-                    let op_no = st.next_op;
-                    self.submit(&handle, op_no, Op::Trim { before })?;
-                    st.next_op += 1;
-                    st.start = before;
-                    (op_no, before, true)
+                    return Ok((st.next_op - 1, (st.start, false)));
                 }
-            };
-            if op_no > 0 {
-                self.wait_durable(&handle, op_no).await?;
-            }
-            if moved {
-                self.inner.counters.trims.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(stream = %name, start = %start, "stream trimmed");
-            }
-            return Ok(start);
+                let op_no = st.next_op;
+                engine.submit(handle, op_no, Op::Trim { before })?;
+                st.next_op += 1;
+                st.start = before;
+                Ok((op_no, (before, true)))
+            })
+            .await?;
+        if moved {
+            self.inner.counters.trims.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(stream = %name, start = %start, "stream trimmed");
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Ok(start)
     }
 
     /// Sets (or with `None` clears) `name`'s age retention; the retention pass trims
     /// what is older (see `retention`).
     pub async fn set_retention(&self, name: &str, secs: Option<u64>) -> Result<()> {
         validate_retention(secs)?;
+        self.stream_op(name, |engine, handle, st| {
+            let op_no = st.next_op;
+            engine.submit(handle, op_no, Op::SetRetention { secs })?;
+            st.next_op += 1;
+            st.retention_secs = secs;
+            Ok((op_no, ()))
+        })
+        .await
+    }
+
+    /// Runs `decide` on a live stream's state under its lock (retrying if the
+    /// stream was evicted meanwhile), then waits until the op number it returns is
+    /// durable (0: nothing to wait for).
+    async fn stream_op<T>(
+        &self,
+        name: &str,
+        mut decide: impl FnMut(&Engine, &Arc<StreamHandle>, &mut handle::State) -> Result<(u64, T)>,
+    ) -> Result<T> {
         for _ in 0..16 {
             let handle = self.stream(name).await?.handle;
-            let op_no = {
+            let (op_no, out) = {
                 let mut st = handle.lock();
                 if st.evicted {
                     continue;
@@ -1439,14 +1440,12 @@ impl Engine {
                     Lifecycle::SoftDeleted => return Err(EngineError::Gone),
                     Lifecycle::Deleted => return Err(EngineError::NotFound),
                 }
-                let op_no = st.next_op;
-                self.submit(&handle, op_no, Op::SetRetention { secs })?;
-                st.next_op += 1;
-                st.retention_secs = secs;
-                op_no
+                decide(self, &handle, &mut st)?
             };
-            self.wait_durable(&handle, op_no).await?;
-            return Ok(());
+            if op_no > 0 {
+                self.wait_durable(&handle, op_no).await?;
+            }
+            return Ok(out);
         }
         Err(EngineError::Unavailable(
             "stream is changing state too fast; retry".into(),
