@@ -89,18 +89,7 @@ async fn deleted_streams_objects_are_collected_after_a_crash_live_data_and_seals
     assert!(data_before >= 8, "{data_before} WAL objects");
 
     // Second node on the same data: collects what the first left behind.
-    let mut second = Server::start(
-        dir.path(),
-        &[
-            "--checkpoint-interval",
-            "100ms",
-            "--gc-interval",
-            "100ms",
-            "--tail-cache-bytes",
-            "0",
-        ],
-    )
-    .await;
+    let mut second = Server::start(dir.path(), support::COLLECTING).await;
     let c = second.client.clone();
     // Two more writes, two more checkpoints: the oldest kept checkpoint (the floor)
     // moves past the first node's seal, which must survive collection anyway.

@@ -174,18 +174,7 @@ async fn gc_passes(c: &Client, n: f64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_deletes_wal_objects_that_held_only_trimmed_records() {
     let dir = TempDir::new("trim-gc");
-    let server = Server::start(
-        dir.path(),
-        &[
-            "--checkpoint-interval",
-            "100ms",
-            "--gc-interval",
-            "100ms",
-            "--tail-cache-bytes",
-            "0",
-        ],
-    )
-    .await;
+    let server = Server::start(dir.path(), support::COLLECTING).await;
     let c = server.client.clone();
     assert_eq!(
         c.put("/g/big", TEXT, "").await.unwrap().status.as_u16(),

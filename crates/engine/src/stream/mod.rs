@@ -328,20 +328,18 @@ impl Engine {
             ),
         });
         let engine = Engine { inner };
-        let sweeper = tokio::spawn(engine.clone().sweep_loop());
-        engine.inner.tasks.lock().expect("tasks lock").push(sweeper);
+        engine.spawn_kept(engine.clone().sweep_loop());
         if let Some(interval) = engine.inner.config.fence_check_interval {
             let store = engine.inner.store.clone();
             let wal = engine.inner.wal.clone();
             let epoch = engine.inner.epoch;
-            let watcher = tokio::spawn(async move {
+            engine.spawn_kept(async move {
                 crate::fencing::watch(store, epoch, interval).await;
                 wal.fence();
             });
-            engine.inner.tasks.lock().expect("tasks lock").push(watcher);
         }
         if let Some(interval) = engine.inner.config.checkpoint_interval {
-            let task = tokio::spawn(crate::checkpoint::run(
+            engine.spawn_kept(crate::checkpoint::run(
                 engine.inner.store.clone(),
                 engine.inner.meta.clone(),
                 interval,
@@ -349,10 +347,9 @@ impl Engine {
                 engine.inner.checkpoints.clone(),
                 engine.inner.meta.watermark().await?,
             ));
-            engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
         if let Some(interval) = engine.inner.config.gc_interval {
-            let task = tokio::spawn(crate::gc::run(
+            engine.spawn_kept(crate::gc::run(
                 engine.inner.store.clone(),
                 engine.inner.meta.clone(),
                 interval,
@@ -361,21 +358,25 @@ impl Engine {
                 wal_stats,
                 maintenance,
             ));
-            engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
         if let Some(interval) = engine.inner.config.compaction.interval {
-            let task = tokio::spawn(crate::compaction::run(
+            engine.spawn_kept(crate::compaction::run(
                 engine.inner.compactor.clone(),
                 interval,
                 engine.inner.wal.health(),
             ));
-            engine.inner.tasks.lock().expect("tasks lock").push(task);
         }
         if let Some(interval) = engine.inner.config.retention_interval {
-            let task = tokio::spawn(crate::retention::run(engine.clone(), interval));
-            engine.inner.tasks.lock().expect("tasks lock").push(task);
+            engine.spawn_kept(crate::retention::run(engine.clone(), interval));
         }
         Ok(engine)
+    }
+
+    /// Runs a background task that lives as long as the engine (aborted at
+    /// shutdown).
+    fn spawn_kept(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let task = tokio::spawn(task);
+        self.inner.tasks.lock().expect("tasks lock").push(task);
     }
 
     pub fn config(&self) -> &EngineConfig {

@@ -361,6 +361,17 @@ pub async fn metric_where(client: &Client, name: &str, label: &str) -> f64 {
         .sum()
 }
 
+/// Flags of a node that checkpoints and collects garbage every 100 ms and keeps no
+/// tail cache (reads go to the store): what GC tests start.
+pub const COLLECTING: &[&str] = &[
+    "--checkpoint-interval",
+    "100ms",
+    "--gc-interval",
+    "100ms",
+    "--tail-cache-bytes",
+    "0",
+];
+
 /// The bootstrap admin secret the auth tests start servers with.
 pub const ADMIN_SECRET: &str = "test-admin-secret-0123456789abcdef0123456789abcdef";
 
