@@ -199,22 +199,6 @@ pub struct ServeArgs {
     pub security: SecurityArgs,
 }
 
-fn init_logging(args: &ServeArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
-        .map_err(|e| format!("--log {:?}: {e}", args.log))?;
-    // Colours only for a person watching; log files and collectors get plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if args.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-    Ok(())
-}
-
 fn engine_config(args: &ServeArgs) -> Result<EngineConfig, String> {
     let positive = |name: &str, v: usize| {
         if v == 0 {
@@ -248,14 +232,21 @@ fn engine_config(args: &ServeArgs) -> Result<EngineConfig, String> {
 }
 
 pub async fn run(args: ServeArgs) -> ExitCode {
-    if let Err(e) = init_logging(&args) {
-        eprintln!("picomq: {e}");
-        return ExitCode::from(2);
+    let logging = match crate::logging::init(&args.log, args.log_format == "json") {
+        Ok(logging) => logging,
+        Err(e) => {
+            eprintln!("picomq: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = serve(args).await;
+    if let Err(e) = &result {
+        tracing::error!("{e}");
     }
-    match serve(args).await {
+    logging.flush();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("picomq: {e}");
             ExitCode::FAILURE
         }

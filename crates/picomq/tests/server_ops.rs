@@ -150,7 +150,12 @@ async fn request_ids_in_responses_and_json_logs() {
     assert_eq!(entry["span"]["path"], "/logged");
     assert_eq!(entry["fields"]["status"], 201);
     assert!(entry["fields"]["latency_us"].is_u64(), "{entry}");
-    let text = server.log_text();
+    // Lines reach the log from a background writer: wait for the last request's.
+    let text = support::eventually(Duration::from_secs(5), || {
+        let text = server.log_text();
+        async move { text.contains(&generated).then_some(text) }
+    })
+    .await;
     let lines: Vec<&str> = text.lines().collect();
     assert!(
         lines
