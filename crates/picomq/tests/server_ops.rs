@@ -153,7 +153,8 @@ async fn request_ids_in_responses_and_json_logs() {
     // Lines reach the log from a background writer: wait for the last request's.
     let text = support::eventually(Duration::from_secs(5), || {
         let text = server.log_text();
-        async move { text.contains(&generated).then_some(text) }
+        let found = text.contains(&generated);
+        async move { found.then_some(text) }
     })
     .await;
     let lines: Vec<&str> = text.lines().collect();
