@@ -613,19 +613,28 @@ impl Meta {
         // Short transactions of `TOUCH_GROUP` updates, not one for the whole batch: a
         // sweep can touch 100,000 streams at once, and holding the write lock that
         // long stalls the indexer, then the WAL behind it, then appends (seen as 10 s
-        // append timeouts while a million streams went dormant). One statement per
-        // row by primary key: an `UPDATE ... FROM (VALUES ...)` was planned as a scan
-        // of the whole table (1 s per 256 rows at a million streams).
-        for group in updates.chunks(TOUCH_GROUP) {
+        // append timeouts while a million streams went dormant).
+        let mut latest: HashMap<u64, u64> = HashMap::with_capacity(updates.len());
+        for &(id, ms) in updates {
+            let e = latest.entry(id).or_insert(ms);
+            *e = (*e).max(ms);
+        }
+        let latest: Vec<(u64, u64)> = latest.into_iter().collect();
+        for group in latest.chunks(TOUCH_GROUP) {
             let mut tx = self.pool.begin().await?;
-            for (id, ms) in group {
-                sqlx::query(
-                    "UPDATE streams SET last_access_ms = MAX(last_access_ms, ?) WHERE id = ?",
-                )
-                .bind(*ms as i64)
-                .bind(*id as i64)
-                .execute(&mut *tx)
-                .await?;
+            let mut rest = group;
+            for n in groups(rest.len()) {
+                let (these, tail) = rest.split_at(n);
+                rest = tail;
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(by_id_update_sql(
+                    &["ms"],
+                    &[("last_access_ms", "MAX(last_access_ms, {ms})")],
+                    n,
+                )));
+                for (id, ms) in these {
+                    q = q.bind(*id as i64).bind(*ms as i64);
+                }
+                q.execute(&mut *tx).await?;
             }
             tx.commit().await?;
         }
@@ -815,6 +824,37 @@ fn values_sql(head: &str, columns: usize, rows: usize) -> String {
     format!("{head} VALUES {}", vec![tuple; rows].join(", "))
 }
 
+/// An `UPDATE streams` of `rows` streams in one statement. The values are bound as
+/// `rows` tuples of `(id, columns...)`; `set` gives each assignment as
+/// `(column, expression)`, where `{column}` of `columns` stands for that row's value.
+///
+/// The rows are found by `id IN (...)`, a primary-key lookup per row whatever the
+/// table's size. (`UPDATE ... FROM (VALUES ...)` was seen planned as a scan of the
+/// whole table at a million streams: 1 s per statement.) Each row then
+/// reads its values from `v`, which holds only this statement's tuples.
+fn by_id_update_sql(columns: &[&str], set: &[(&str, &str)], rows: usize) -> String {
+    let values = values_sql("", 1 + columns.len(), rows);
+    let assignments: Vec<String> = set
+        .iter()
+        .map(|(column, expr)| {
+            let mut expr = expr.to_string();
+            for c in columns {
+                expr = expr.replace(
+                    &format!("{{{c}}}"),
+                    &format!("(SELECT {c} FROM v WHERE v.id = streams.id)"),
+                );
+            }
+            format!("{column} = {expr}")
+        })
+        .collect();
+    format!(
+        "WITH v(id, {}) AS ({}) UPDATE streams SET {} WHERE id IN (SELECT id FROM v)",
+        columns.join(", "),
+        values.trim_start(),
+        assignments.join(", ")
+    )
+}
+
 /// Splits `n` rows into `INSERT_GROUPS`-sized runs.
 fn groups(mut n: usize) -> impl Iterator<Item = usize> {
     INSERT_GROUPS.into_iter().flat_map(move |g| {
@@ -866,20 +906,40 @@ impl Pending<'_> {
             q.execute(&mut *tx).await?;
         }
         drop(rows);
-        for (stream_id, run) in self.runs.drain() {
-            let id = stream_id as i64;
-            sqlx::query("UPDATE streams SET tail = MAX(tail, ?), closed = closed OR ?, closed_by = COALESCE(?, closed_by), stream_seq = COALESCE(?, stream_seq), last_access_ms = MAX(last_access_ms, ?) WHERE id = ?")
-                .bind(run.end as i64)
-                .bind(run.close)
-                .bind(run.closed_by.map(encode_stamp))
-                .bind(run.stream_seq)
-                .bind(run.written_ms as i64)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+        // One statement per group of streams, not one per stream: each statement is
+        // a round trip to SQLite's worker thread (two thread wake-ups), and a flush
+        // touches every stream it carries.
+        let runs: Vec<(u64, AppendRun)> = self.runs.drain().collect();
+        let mut rest = runs.as_slice();
+        for n in groups(rest.len()) {
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(by_id_update_sql(
+                &["tail", "close", "closed_by", "seq", "ms"],
+                &[
+                    ("tail", "MAX(tail, {tail})"),
+                    ("closed", "closed OR {close}"),
+                    ("closed_by", "COALESCE({closed_by}, closed_by)"),
+                    ("stream_seq", "COALESCE({seq}, stream_seq)"),
+                    ("last_access_ms", "MAX(last_access_ms, {ms})"),
+                ],
+                n,
+            )));
+            for (id, run) in group {
+                q = q
+                    .bind(*id as i64)
+                    .bind(run.end as i64)
+                    .bind(run.close)
+                    .bind(run.closed_by.map(encode_stamp))
+                    .bind(run.stream_seq)
+                    .bind(run.written_ms as i64);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        for (stream_id, run) in &runs {
             for p in &run.producers {
                 sqlx::query("INSERT INTO producers (stream_id, producer_id, epoch, last_seq) VALUES (?, ?, ?, ?) ON CONFLICT(stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq")
-                    .bind(id)
+                    .bind(*stream_id as i64)
                     .bind(&p.id)
                     .bind(p.epoch as i64)
                     .bind(p.seq as i64)
@@ -1024,6 +1084,38 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn grouped_stream_updates_look_rows_up_by_primary_key() {
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        for n in INSERT_GROUPS {
+            let sql = by_id_update_sql(
+                &["tail", "ms"],
+                &[
+                    ("tail", "MAX(tail, {tail})"),
+                    ("last_access_ms", "MAX(last_access_ms, {ms})"),
+                ],
+                n,
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+            for id in 0..n as i64 {
+                q = q.bind(id).bind(1_i64).bind(2_i64);
+            }
+            let plan: Vec<String> = q
+                .fetch_all(&meta.pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>(3))
+                .collect();
+            assert!(
+                plan.iter()
+                    .any(|p| p.contains("streams USING INTEGER PRIMARY KEY")),
+                "{plan:?}"
+            );
+            assert!(!plan.iter().any(|p| p == "SCAN streams"), "{plan:?}");
+        }
     }
 
     /// Touches go out in transactions of 256: every stream gets its own access
