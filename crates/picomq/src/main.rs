@@ -18,6 +18,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 extern "C" {
     /// mimalloc's option setter (linked in by the `mimalloc` crate).
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+    /// Runs mimalloc's deferred work, including purges whose delay has passed.
+    fn mi_collect(force: bool);
 }
 
 /// With its defaults mimalloc held freed memory: creating 30,000 streams peaked at
@@ -40,6 +42,24 @@ fn tune_allocator() {
         if unset("MIMALLOC_PURGE_DELAY") {
             mi_option_set(PURGE_DELAY, PURGE_DELAY_MS);
         }
+    }
+}
+
+/// mimalloc carries out a delayed purge only when the allocator is next busy, so a
+/// server that goes quiet would keep its freed pages: after a million streams went
+/// dormant, RSS stayed at 324 MiB with the 250 ms delay against 85 MiB with none.
+/// Once a second, this thread lets the expired purges happen (cheap when none are
+/// due).
+fn start_allocator_collector() {
+    let spawned = std::thread::Builder::new()
+        .name("picomq-mi-collect".into())
+        .spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            // SAFETY: mimalloc's collection entry point, callable from any thread.
+            unsafe { mi_collect(false) };
+        });
+    if let Err(e) = spawned {
+        eprintln!("picomq: allocator collector not started: {e}");
     }
 }
 
@@ -72,7 +92,10 @@ fn main() -> std::process::ExitCode {
         .build()
         .expect("tokio runtime");
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(*args)),
+        Command::Serve(args) => {
+            start_allocator_collector();
+            runtime.block_on(serve::run(*args))
+        }
         Command::Bench(args) => runtime.block_on(picomq_bench::run(*args)),
         Command::Client(command) => runtime.block_on(cli::run(command)),
     }
