@@ -129,6 +129,10 @@ pub struct RunArgs {
     /// dormancy timeout) and sample RSS again.
     #[arg(long, value_parser = duration)]
     pub idle_wait: Option<Duration>,
+    /// --workload create: create each stream with its record as the PUT's body (the
+    /// protocol's initial data: one request per stream) instead of a PUT, then a POST.
+    #[arg(long)]
+    pub create_with_body: bool,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// No progress line on stderr.
@@ -168,6 +172,7 @@ pub struct Workload {
     pub prefix: String,
     pub sample: usize,
     pub idle_wait: Option<Duration>,
+    pub create_with_body: bool,
     pub output: Output,
     pub progress: bool,
 }
@@ -262,6 +267,7 @@ impl Workload {
             prefix,
             sample: a.sample,
             idle_wait: a.idle_wait,
+            create_with_body: a.create_with_body,
             output: a.output,
             progress: !a.quiet,
         })

@@ -139,6 +139,8 @@ pub struct CreateReport {
     pub streams_per_s: f64,
     pub errors: u64,
     pub error_kinds: BTreeMap<String, u64>,
+    /// 2: a PUT, then a POST of the record; 1: a PUT with the record as its body.
+    pub requests_per_stream: u32,
     /// One create plus its first append.
     pub create_latency_ms: Latency,
     pub rss_mb_after_create: Option<f64>,
@@ -329,10 +331,11 @@ impl Report {
         if let Some(c) = &self.create {
             let _ = writeln!(
                 o,
-                "create:     {} streams in {:.1}s = {} streams/s ({} errors{})",
+                "create:     {} streams in {:.1}s = {} streams/s ({} request(s) each; {} errors{})",
                 c.streams,
                 c.secs,
                 num(c.streams_per_s),
+                c.requests_per_stream,
                 c.errors,
                 if c.error_kinds.is_empty() {
                     String::new()
@@ -395,6 +398,7 @@ const FIGURES: &[(&str, &str)] = &[
     ("catch-up records/s", "/catch_up/records_per_s"),
     ("catch-up MiB/s", "/catch_up/mib_per_s"),
     ("create streams/s", "/create/streams_per_s"),
+    ("create requests per stream", "/create/requests_per_stream"),
     ("create p99 ms", "/create/create_latency_ms/p99"),
     ("RSS after create MiB", "/create/rss_mb_after_create"),
     ("RSS after idle MiB", "/create/rss_mb_after_idle"),

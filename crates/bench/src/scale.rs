@@ -47,6 +47,7 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
     let client_before = proc::sample_self();
     {
         let (stats, conns, ct, w2) = (stats.clone(), conns.clone(), ct.clone(), w.clone());
+        let with_body = w.create_with_body;
         let template = template.clone();
         for_each_concurrent(w.streams, w.in_flight, move |task, i| {
             let (stats, conns, ct, template) =
@@ -55,7 +56,8 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
             async move {
                 let mut conn = conns[task].lock().await;
                 let t0 = now_us();
-                match create_one(&mut conn, &path, &ct, template.render(t0)).await {
+                let body = template.render(t0);
+                match create_one(&mut conn, &path, &ct, body, with_body).await {
                     Ok(()) => {
                         stats.ack.record(task, now_us() - t0);
                         stats.acked_records.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +87,7 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
         streams_per_s: created as f64 / secs.max(1e-9),
         errors: stats.errors.total(),
         error_kinds: stats.errors.kinds(),
+        requests_per_stream: if w.create_with_body { 1 } else { 2 },
         create_latency_ms: Latency::from_us(&stats.ack.merged()),
         ..CreateReport::default()
     };
@@ -145,20 +148,30 @@ pub async fn run_create(w: Workload, report: &mut Report) -> Result<(), BenchErr
     Ok(())
 }
 
-/// PUT then one POST; `Err` names what failed.
+/// PUT then one POST, or (`with_body`) one PUT carrying the record as the stream's
+/// initial data; `Err` names what failed.
 async fn create_one(
     conn: &mut Conn,
     path: &str,
     ct: &HeaderValue,
     body: Bytes,
+    with_body: bool,
 ) -> Result<(), String> {
+    let (initial, append) = if with_body {
+        (body, None)
+    } else {
+        (Bytes::new(), Some(body))
+    };
     let put = conn
-        .send(Method::PUT, path, Some(ct), &[], Bytes::new())
+        .send(Method::PUT, path, Some(ct), &[], initial)
         .await
         .map_err(|e| format!("create: {e}"))?;
     if !put.status.is_success() {
         return Err(format!("create: status {}", put.status.as_u16()));
     }
+    let Some(body) = append else {
+        return Ok(());
+    };
     let post = conn
         .send(Method::POST, path, Some(ct), &[], body)
         .await
