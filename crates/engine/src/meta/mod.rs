@@ -544,6 +544,35 @@ impl Meta {
         Ok(row.map(|r| stream_row(&r)))
     }
 
+    /// Every stream name (deleted ones included, while their rows remain), read in
+    /// pages of `page` rows by primary key; `each` is called once per name.
+    pub async fn for_each_name(&self, page: u32, mut each: impl FnMut(&str)) -> Result<u64> {
+        let (mut after, mut n) = (0_i64, 0_u64);
+        loop {
+            let rows = sqlx::query("SELECT id, name FROM streams WHERE id > ? ORDER BY id LIMIT ?")
+                .bind(after)
+                .bind(page as i64)
+                .fetch_all(&self.pool)
+                .await?;
+            for r in &rows {
+                each(r.get::<&str, _>(1));
+            }
+            n += rows.len() as u64;
+            match rows.last() {
+                Some(last) if rows.len() == page as usize => after = last.get(0),
+                _ => return Ok(n),
+            }
+        }
+    }
+
+    pub async fn stream_count_all(&self) -> Result<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM streams")
+            .fetch_one(&self.pool)
+            .await?
+            .get(0);
+        Ok(n as u64)
+    }
+
     pub async fn stream_by_id(&self, id: u64) -> Result<Option<StreamRow>> {
         let row = sqlx::query(stream_select!("WHERE id = ?"))
             .bind(id as i64)

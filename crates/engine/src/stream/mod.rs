@@ -5,6 +5,7 @@
 //! cache or, for older data, from the object store through the index.
 
 pub mod handle;
+mod names;
 pub mod producer;
 pub mod registry;
 
@@ -194,6 +195,8 @@ struct Inner {
     meta: Meta,
     wal: Wal,
     registry: Registry,
+    /// Every name in the metadata: a lookup it rules out skips SQLite.
+    names: names::NameFilter,
     next_id: AtomicU64,
     /// Serializes deletes and fork creation, which must agree on fork counts.
     lifecycle: tokio::sync::Mutex<()>,
@@ -284,6 +287,9 @@ impl Engine {
             "recovered from the object store"
         );
         let next_id = meta.next_stream_id().await?;
+        let names = names::NameFilter::for_names(meta.stream_count_all().await? as usize);
+        let named = meta.for_each_name(10_000, |n| names.insert(n)).await?;
+        tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
         let (index_tx, index_rx) = mpsc::channel(256);
         let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx);
         let wal = Wal::start(
@@ -310,6 +316,7 @@ impl Engine {
             meta,
             wal,
             registry: Registry::default(),
+            names,
             next_id: AtomicU64::new(next_id),
             lifecycle: tokio::sync::Mutex::new(()),
             indexer,
@@ -544,6 +551,7 @@ impl Engine {
         for _ in 0..16 {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
+                None if !self.inner.names.may_contain(name) => return Ok(None),
                 None => match self
                     .load(self.inner.meta.stream_by_name(name).await?)
                     .await?
@@ -979,6 +987,9 @@ impl Engine {
             created_ms,
             self.inner.config.tail_cache_bytes_per_stream,
         ));
+        // Before the stream is registered: once it is evicted, lookups find it
+        // through the filter (see `names`).
+        self.inner.names.insert(&req.name);
         let active = self.inner.registry.insert(handle.clone(), |existing| {
             let v = existing.view();
             v.evicted || v.lifecycle == Lifecycle::Deleted
