@@ -565,14 +565,6 @@ impl Meta {
         }
     }
 
-    pub async fn stream_count_all(&self) -> Result<u64> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) FROM streams")
-            .fetch_one(&self.pool)
-            .await?
-            .get(0);
-        Ok(n as u64)
-    }
-
     pub async fn stream_by_id(&self, id: u64) -> Result<Option<StreamRow>> {
         let row = sqlx::query(stream_select!("WHERE id = ?"))
             .bind(id as i64)

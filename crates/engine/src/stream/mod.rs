@@ -287,7 +287,8 @@ impl Engine {
             "recovered from the object store"
         );
         let next_id = meta.next_stream_id().await?;
-        let names = names::NameFilter::for_names(meta.stream_count_all().await? as usize);
+        // Ids are handed out in order, so `next_id` bounds the rows to name.
+        let names = names::NameFilter::for_names(next_id.saturating_sub(1) as usize);
         let named = meta.for_each_name(10_000, |n| names.insert(n)).await?;
         tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
         let (index_tx, index_rx) = mpsc::channel(256);
