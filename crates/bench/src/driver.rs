@@ -14,6 +14,7 @@ use tokio::sync::{watch, Mutex};
 use crate::config::{Live, Workload};
 use crate::conn::{Conn, Target};
 use crate::live::{encode_query, Reader};
+use crate::pacer::{due_at, Pacer};
 use crate::payload::{now_us, origin, scan, BodyTemplate};
 use crate::progress::Progress;
 use crate::report::{mb, AppendReport, CatchUpReport, EndToEndReport, Latency, Report};
@@ -219,6 +220,8 @@ struct Ctx {
     end_us: u64,
     /// Requests per second (open loop), from --rate in records.
     requests_per_s: Option<f64>,
+    /// Releases the open-loop requests on schedule (with --rate).
+    pacer: Option<Pacer>,
 }
 
 async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
@@ -226,18 +229,22 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
     let records = ctx.template.records() as u64;
     let bytes = ctx.template.len() as u64;
     loop {
+        // Open loop: a permit first, then the request number, so the numbered
+        // request is always due (see pacer.rs).
+        if let Some(pacer) = &ctx.pacer {
+            if !pacer.next().await {
+                break;
+            }
+        }
         let k = ctx.next_request.fetch_add(1, Ordering::Relaxed);
         let scheduled_us = match ctx.requests_per_s {
-            Some(rps) => ctx.start_us + (k as f64 * 1e6 / rps) as u64,
+            Some(rps) => due_at(ctx.start_us, k, rps),
             None => now_us(),
         };
         // A server slower than --rate leaves a backlog of scheduled sends; the run
         // still ends on time (what was never sent shows as a lower achieved rate).
         if scheduled_us >= ctx.end_us || now_us() >= ctx.end_us {
             break;
-        }
-        if ctx.requests_per_s.is_some() {
-            sleep_until_us(scheduled_us).await;
         }
         let path = &ctx.paths[(k % ctx.paths.len() as u64) as usize];
         let body = ctx.template.render(now_us());
@@ -332,6 +339,7 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
     let from_us = start_us + w.warmup.as_micros() as u64;
     let end_us = from_us + w.duration.as_micros() as u64;
     window.set(from_us, end_us);
+    let requests_per_s = w.rate.map(|r| r / w.batch as f64);
     let ctx = Arc::new(Ctx {
         paths: (0..w.streams).map(|i| w.stream_path(i)).collect(),
         ct: HeaderValue::from_str(&w.content_type)
@@ -342,7 +350,8 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
         next_request: AtomicU64::new(0),
         start_us,
         end_us,
-        requests_per_s: w.rate.map(|r| r / w.batch as f64),
+        requests_per_s,
+        pacer: requests_per_s.map(|rps| Pacer::start(start_us, end_us, rps)),
     });
     let progress = Progress::start(&w, stats.clone(), window.clone(), start_us);
     let client_before = proc::sample_self();

@@ -15,6 +15,7 @@ pub mod config;
 pub mod conn;
 pub mod driver;
 pub mod live;
+pub mod pacer;
 pub mod payload;
 pub mod proc;
 pub mod progress;
