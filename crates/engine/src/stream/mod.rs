@@ -719,7 +719,18 @@ impl Engine {
             .objects_written
             .load(Ordering::Acquire);
         let mut applied = self.inner.indexer.applied.clone();
-        let wait = async move { applied.wait_for(|a| *a >= target).await.is_ok() };
+        let nudge = self.inner.indexer.nudge.clone();
+        let wait = async move {
+            // Nudged again every few ms: an object counted as written may reach the
+            // indexer just after it took a nudge.
+            loop {
+                nudge.notify_one();
+                let caught_up = applied.wait_for(|a| *a >= target);
+                if let Ok(r) = tokio::time::timeout(Duration::from_millis(5), caught_up).await {
+                    return r.is_ok();
+                }
+            }
+        };
         match tokio::time::timeout(Duration::from_secs(30), wait).await {
             Ok(true) => Ok(()),
             _ => Err(EngineError::Unavailable(
@@ -1320,6 +1331,7 @@ impl Engine {
     /// Deletes a stream (soft if forks still read it), then cascades to sources that
     /// were soft-deleted and lost their last fork. Caller holds the lifecycle lock.
     async fn delete_locked(&self, mut handle: Arc<StreamHandle>) -> Result<()> {
+        let mut went_dormant = 0;
         loop {
             self.index_barrier().await?;
             let forks = self.inner.meta.fork_count(handle.config.id).await?;
@@ -1329,15 +1341,38 @@ impl Engine {
                 if st.lifecycle == Lifecycle::Deleted {
                     return Ok(());
                 }
-                let op_no = st.next_op;
-                self.submit(&handle, op_no, Op::Delete { soft })?;
-                st.next_op += 1;
-                st.lifecycle = if soft {
-                    Lifecycle::SoftDeleted
+                if st.evicted {
+                    None
                 } else {
-                    Lifecycle::Deleted
-                };
-                op_no
+                    let op_no = st.next_op;
+                    self.submit(&handle, op_no, Op::Delete { soft })?;
+                    st.next_op += 1;
+                    st.lifecycle = if soft {
+                        Lifecycle::SoftDeleted
+                    } else {
+                        Lifecycle::Deleted
+                    };
+                    Some(op_no)
+                }
+            };
+            let Some(op_no) = op_no else {
+                // The stream went dormant while we waited for the index: a delete
+                // recorded on its old handle would be invisible to the next lookup,
+                // which loads the stream afresh. Act on the handle active now.
+                went_dormant += 1;
+                if went_dormant > 16 {
+                    return Err(EngineError::Unavailable(
+                        "stream is changing state too fast; retry".into(),
+                    ));
+                }
+                match self.lookup_id(handle.config.id).await? {
+                    Some(active) => {
+                        active.touch(now_ms());
+                        handle = active;
+                        continue;
+                    }
+                    None => return Ok(()),
+                }
             };
             self.wait_durable(&handle, op_no).await?;
             if soft {
