@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::meta::Meta;
@@ -15,8 +15,9 @@ use crate::wal::FlushedObject;
 /// Objects applied in one metadata transaction, at most.
 const BATCH_OBJECTS_MAX: usize = 64;
 /// How long the indexer gathers objects after the first before it writes them.
-/// Nothing acknowledged waits for the index (only tail-cache trimming, dormancy and
-/// compaction do), and each transaction rewrites every index page it touches. At
+/// Appends and reads never wait for the index (tail-cache trimming, dormancy and
+/// compaction do); operations that do (deletes, forks: `Engine::index_barrier`)
+/// nudge it to write at once. Each transaction rewrites every index page it touches. At
 /// 8,000 one-record appends/s over 64 streams, one transaction per object (360/s)
 /// cost the SQLite thread 4.5-5.7 s of CPU per run; 10 ms, 4.2-4.4 s; 50 ms, 3.4 s.
 /// Less SQLite I/O also leaves the disk to the WAL's fsyncs. See docs/performance.md.
@@ -26,6 +27,8 @@ pub struct IndexerProgress {
     /// Objects of this incarnation applied so far.
     pub applied: watch::Receiver<u64>,
     pub failures: Arc<AtomicU64>,
+    /// Ends the current linger: someone waits for the index to catch up.
+    pub nudge: Arc<Notify>,
 }
 
 pub fn spawn(
@@ -35,16 +38,29 @@ pub fn spawn(
     let (applied_tx, applied) = watch::channel(0u64);
     let failures = Arc::new(AtomicU64::new(0));
     let failures_task = failures.clone();
+    let nudge = Arc::new(Notify::new());
+    let nudged = nudge.clone();
     let task = tokio::spawn(async move {
         let mut batch = Vec::with_capacity(BATCH_OBJECTS_MAX);
         while let Some(first) = rx.recv().await {
             batch.push(first);
             let deadline = tokio::time::Instant::now() + BATCH_LINGER;
             while batch.len() < BATCH_OBJECTS_MAX {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(next)) => batch.push(next),
-                    // Elapsed, or the log is shutting down: write what we have.
-                    Ok(None) | Err(_) => break,
+                tokio::select! {
+                    next = tokio::time::timeout_at(deadline, rx.recv()) => match next {
+                        Ok(Some(next)) => batch.push(next),
+                        // Elapsed, or the log is shutting down: write what we have.
+                        Ok(None) | Err(_) => break,
+                    },
+                    _ = nudged.notified() => {
+                        while batch.len() < BATCH_OBJECTS_MAX {
+                            match rx.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                        break;
+                    }
                 }
             }
             // The objects are durable; the index must follow. Retry until it does.
@@ -69,5 +85,12 @@ pub fn spawn(
             batch.clear();
         }
     });
-    (task, IndexerProgress { applied, failures })
+    (
+        task,
+        IndexerProgress {
+            applied,
+            failures,
+            nudge,
+        },
+    )
 }
