@@ -5,6 +5,7 @@
 //! delivered.
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -99,9 +100,13 @@ async fn pump(
             .engine
             .read(stream, offset, app.engine.config().read_bytes_max)
             .await?;
-        if !chunk.segments.is_empty() {
-            send(data_event(&body_of(&chunk), encoding)).await?;
-        }
+        // The data event and its control event go out as one body chunk: one wake of
+        // the connection and one write, not two.
+        let mut events = if chunk.segments.is_empty() {
+            String::new()
+        } else {
+            data_event(&body_of(&chunk), encoding)
+        };
         offset = chunk.next;
         let control = if chunk.closed {
             serde_json::json!({ "streamNextOffset": offset.to_string(), "streamClosed": true, "upToDate": true })
@@ -113,7 +118,9 @@ async fn pump(
             }
             c
         };
-        send(format!("event: control\ndata:{control}\n\n")).await?;
+        // Writing into a String cannot fail.
+        let _ = write!(events, "event: control\ndata:{control}\n\n");
+        send(events).await?;
         if chunk.closed {
             return Ok(());
         }
