@@ -27,8 +27,19 @@ pub struct IndexerProgress {
     /// Objects of this incarnation applied so far.
     pub applied: watch::Receiver<u64>,
     pub failures: Arc<AtomicU64>,
-    /// Ends the current linger: someone waits for the index to catch up.
-    pub nudge: Arc<Notify>,
+    /// Wakes a lingering indexer when `want` rose.
+    nudge: Arc<Notify>,
+    /// Objects someone waits to see applied (a count, like `applied`).
+    want: Arc<AtomicU64>,
+}
+
+impl IndexerProgress {
+    /// Asks the indexer to write, without lingering, until `objects` of this
+    /// incarnation are applied.
+    pub fn want(&self, objects: u64) {
+        self.want.fetch_max(objects, Ordering::AcqRel);
+        self.nudge.notify_one();
+    }
 }
 
 pub fn spawn(
@@ -40,27 +51,30 @@ pub fn spawn(
     let failures_task = failures.clone();
     let nudge = Arc::new(Notify::new());
     let nudged = nudge.clone();
+    let want = Arc::new(AtomicU64::new(0));
+    let wanted = want.clone();
     let task = tokio::spawn(async move {
         let mut batch = Vec::with_capacity(BATCH_OBJECTS_MAX);
+        let mut applied_n = 0u64;
         while let Some(first) = rx.recv().await {
             batch.push(first);
             let deadline = tokio::time::Instant::now() + BATCH_LINGER;
-            while batch.len() < BATCH_OBJECTS_MAX {
+            loop {
+                // Someone waits for objects not applied yet (`want`): write as soon
+                // as the batch holds them all (objects arrive in order, so that is a
+                // count). Otherwise gather until the linger ends.
+                let want = wanted.load(Ordering::Acquire);
+                let held = applied_n + batch.len() as u64;
+                if batch.len() >= BATCH_OBJECTS_MAX || (want > applied_n && held >= want) {
+                    break;
+                }
                 tokio::select! {
                     next = tokio::time::timeout_at(deadline, rx.recv()) => match next {
                         Ok(Some(next)) => batch.push(next),
                         // Elapsed, or the log is shutting down: write what we have.
                         Ok(None) | Err(_) => break,
                     },
-                    _ = nudged.notified() => {
-                        while batch.len() < BATCH_OBJECTS_MAX {
-                            match rx.try_recv() {
-                                Ok(next) => batch.push(next),
-                                Err(_) => break,
-                            }
-                        }
-                        break;
-                    }
+                    _ = nudged.notified() => {}
                 }
             }
             // The objects are durable; the index must follow. Retry until it does.
@@ -81,6 +95,7 @@ pub fn spawn(
                 }
             }
             let n = batch.len() as u64;
+            applied_n += n;
             applied_tx.send_modify(|a| *a += n);
             batch.clear();
         }
@@ -91,6 +106,7 @@ pub fn spawn(
             applied,
             failures,
             nudge,
+            want,
         },
     )
 }

@@ -719,18 +719,8 @@ impl Engine {
             .objects_written
             .load(Ordering::Acquire);
         let mut applied = self.inner.indexer.applied.clone();
-        let nudge = self.inner.indexer.nudge.clone();
-        let wait = async move {
-            // Nudged again every few ms: an object counted as written may reach the
-            // indexer just after it took a nudge.
-            loop {
-                nudge.notify_one();
-                let caught_up = applied.wait_for(|a| *a >= target);
-                if let Ok(r) = tokio::time::timeout(Duration::from_millis(5), caught_up).await {
-                    return r.is_ok();
-                }
-            }
-        };
+        self.inner.indexer.want(target);
+        let wait = async move { applied.wait_for(|a| *a >= target).await.is_ok() };
         match tokio::time::timeout(Duration::from_secs(30), wait).await {
             Ok(true) => Ok(()),
             _ => Err(EngineError::Unavailable(
