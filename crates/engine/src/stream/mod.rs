@@ -247,6 +247,14 @@ impl StreamRef {
     }
 }
 
+/// How often an operation re-resolves a stream that changed under it (went dormant,
+/// was deleted and re-created) before it gives up with [`changing_too_fast`].
+const STATE_RETRIES: usize = 16;
+
+fn changing_too_fast() -> EngineError {
+    EngineError::Unavailable("stream is changing state too fast; retry".into())
+}
+
 impl Engine {
     /// Opens the engine: recovers the metadata from the bucket, then starts the WAL
     /// writer, the indexer and the dormancy sweeper. The store is instrumented here
@@ -549,7 +557,7 @@ impl Engine {
         name: &str,
         lifecycle_held: bool,
     ) -> Result<Option<Arc<StreamHandle>>> {
-        for _ in 0..16 {
+        for _ in 0..STATE_RETRIES {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
                 None if !self.inner.names.may_contain(name) => return Ok(None),
@@ -590,13 +598,11 @@ impl Engine {
             }
             return Ok(Some(handle));
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Err(changing_too_fast())
     }
 
     async fn lookup_id(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {
-        for _ in 0..16 {
+        for _ in 0..STATE_RETRIES {
             let handle = match self.inner.registry.by_id(id) {
                 Some(h) => h,
                 None => match self.load(self.inner.meta.stream_by_id(id).await?).await? {
@@ -609,9 +615,7 @@ impl Engine {
             }
             return Ok(Some(handle));
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Err(changing_too_fast())
     }
 
     /// Resolves a stream for a client operation: 404 if absent, 410 if soft-deleted.
@@ -771,7 +775,7 @@ impl Engine {
             Some(_) => Some(self.inner.lifecycle.lock().await),
             None => None,
         };
-        for _ in 0..16 {
+        for _ in 0..STATE_RETRIES {
             if let Some(existing) = self
                 .inner
                 .registry
@@ -801,9 +805,7 @@ impl Engine {
                 None => continue, // lost a race for the name; look again
             }
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Err(changing_too_fast())
     }
 
     fn validate_name(&self, name: &str) -> Result<()> {
@@ -1164,7 +1166,7 @@ impl Engine {
         {
             return Err(EngineError::bad_request("Stream-Seq is too long"));
         }
-        for _ in 0..16 {
+        for _ in 0..STATE_RETRIES {
             let stream = self.stream(&req.name).await?;
             let handle = stream.handle;
             handle.touch(now_ms());
@@ -1195,9 +1197,7 @@ impl Engine {
             }
             return Ok(outcome);
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Err(changing_too_fast())
     }
 
     /// The sequencer: decides an append against the stream state, under its lock.
@@ -1350,10 +1350,8 @@ impl Engine {
                 // recorded on its old handle would be invisible to the next lookup,
                 // which loads the stream afresh. Act on the handle active now.
                 went_dormant += 1;
-                if went_dormant > 16 {
-                    return Err(EngineError::Unavailable(
-                        "stream is changing state too fast; retry".into(),
-                    ));
+                if went_dormant > STATE_RETRIES {
+                    return Err(changing_too_fast());
                 }
                 match self.lookup_id(handle.config.id).await? {
                     Some(active) => {
@@ -1466,7 +1464,7 @@ impl Engine {
         name: &str,
         mut decide: impl FnMut(&Engine, &Arc<StreamHandle>, &mut handle::State) -> Result<(u64, T)>,
     ) -> Result<T> {
-        for _ in 0..16 {
+        for _ in 0..STATE_RETRIES {
             let handle = self.stream(name).await?.handle;
             let (op_no, out) = {
                 let mut st = handle.lock();
@@ -1485,9 +1483,7 @@ impl Engine {
             }
             return Ok(out);
         }
-        Err(EngineError::Unavailable(
-            "stream is changing state too fast; retry".into(),
-        ))
+        Err(changing_too_fast())
     }
 
     async fn expire(&self, handle: &Arc<StreamHandle>) -> Result<()> {
