@@ -416,9 +416,11 @@ impl Engine {
     }
 
     /// Runs a compaction pass now over data older than `delay` (default: the
-    /// configured delay); see `compaction`.
+    /// configured delay); see `compaction`. Everything acknowledged before the call
+    /// is indexed first, so the pass sees it (the indexer may be lingering).
     pub async fn compact(&self, delay: Option<Duration>) -> Result<PassReport> {
         self.inner.wal.check_health()?;
+        self.index_barrier().await?;
         self.inner.compactor.pass(delay).await
     }
 
