@@ -6,10 +6,25 @@
 //!
 //! Nothing is dropped: past `PENDING_MAX` unwritten bytes (stderr stalled), loggers
 //! wait for the writer, which is what a direct write to a stalled stderr did too.
+//!
+//! The access line (one per request, target `picomq::access`) has a layer of its own
+//! that writes it without the fmt layer's generic machinery: formatting it there cost
+//! ~10,700 instructions per request, 14% of an append (docs/performance.md). It keeps
+//! the fmt layer's text and JSON shapes.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::{filter_fn, Targets};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Target of the per-request access line (crates/http).
+const ACCESS_TARGET: &str = "picomq::access";
 
 /// Unwritten log bytes held before loggers wait for the writer thread.
 const PENDING_MAX: usize = 4 << 20;
@@ -36,15 +51,22 @@ pub fn init(filter: &str, json: bool) -> Result<Logging, String> {
             .map_err(|e| format!("starting the log writer: {e}"))?;
     }
     // Colours only for a person watching; log files and collectors get plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(SinkWriter(sink.clone()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+    let not_access = filter_fn(|m| !(m.is_event() && m.target() == ACCESS_TARGET));
+    let access = AccessLayer {
+        sink: sink.clone(),
+        json,
     }
+    .with_filter(Targets::new().with_target(ACCESS_TARGET, Level::TRACE));
+    let registry = tracing_subscriber::registry().with(filter).with(access);
+    let installed = if json {
+        registry.with(fmt.json().with_filter(not_access)).try_init()
+    } else {
+        registry.with(fmt.with_filter(not_access)).try_init()
+    };
+    installed.map_err(|e| format!("installing the logger: {e}"))?;
     Ok(Logging { sink })
 }
 
@@ -159,6 +181,132 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SinkWriter {
     }
 }
 
+/// Writes `picomq::access` events as the fmt layer would, without its generic
+/// field formatting: text `<time>  INFO picomq::access: request id="…" … status=201`,
+/// or JSON `{"timestamp":…,"level":…,"fields":{"message":…,…},"target":…}`.
+struct AccessLayer {
+    sink: Arc<Sink>,
+    json: bool,
+}
+
+impl<S: Subscriber> Layer<S> for AccessLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut line = String::with_capacity(256);
+        let time = humantime::format_rfc3339_micros(SystemTime::now());
+        let level = meta.level().as_str();
+        if self.json {
+            let _ = write!(
+                line,
+                r#"{{"timestamp":"{time}","level":"{level}","fields":{{"#
+            );
+            event.record(&mut JsonFields {
+                line: &mut line,
+                first: true,
+            });
+            line.push_str(r#"},"target":"#);
+            push_json_str(&mut line, meta.target());
+            line.push_str("}\n");
+        } else {
+            let _ = write!(line, "{time} {level:>5} {}:", meta.target());
+            event.record(&mut TextFields(&mut line));
+            line.push('\n');
+        }
+        self.sink.push(line.as_bytes());
+    }
+}
+
+/// ` message key=value …`: strings quoted and escaped as `{:?}` would.
+struct TextFields<'a>(&'a mut String);
+
+impl Visit for TextFields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push(' ');
+        self.0.push_str(field.name());
+        self.0.push('=');
+        // What `{:?}` prints, without its per-character escape search for the usual
+        // (printable ASCII) id, method and path.
+        if value
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            self.0.push('"');
+            self.0.push_str(value);
+            self.0.push('"');
+        } else {
+            let _ = write!(self.0, "{value:?}");
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        let _ = write!(self.0, " {}={value}", field.name());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.0, " {value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+/// `"key":value,…`: numbers as numbers, everything else as JSON strings.
+struct JsonFields<'a> {
+    line: &'a mut String,
+    first: bool,
+}
+
+impl JsonFields<'_> {
+    fn key(&mut self, field: &Field) {
+        if !std::mem::take(&mut self.first) {
+            self.line.push(',');
+        }
+        push_json_str(self.line, field.name());
+        self.line.push(':');
+    }
+}
+
+impl Visit for JsonFields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.key(field);
+        push_json_str(self.line, value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.key(field);
+        let _ = write!(self.line, "{value}");
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.key(field);
+        let _ = write!(self.line, "{value}");
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.key(field);
+        push_json_str(self.line, &format!("{value:?}"));
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +360,66 @@ mod tests {
                 (0..5_000).map(|i| format!("thread {t} line {i}")).collect();
             assert_eq!(mine, expected, "thread {t}'s lines, whole and in order");
         }
+    }
+
+    /// Runs `log` under a subscriber with only the access layer; returns its output.
+    fn access_output(json: bool, log: impl FnOnce()) -> String {
+        let sink = Arc::new(Sink::default());
+        let out = Capture::default();
+        {
+            let (sink, mut out) = (sink.clone(), out.clone());
+            std::thread::spawn(move || sink.write_loop(&mut out));
+        }
+        let layer = AccessLayer {
+            sink: sink.clone(),
+            json,
+        };
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), log);
+        sink.flush(Duration::from_secs(10));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    fn log_request(path: &str) {
+        tracing::info!(target: "picomq::access", id = "1-a", method = "PUT", path, status = 201u16, latency_us = 42u64, "request");
+    }
+
+    #[test]
+    fn access_lines_keep_the_fmt_layers_text_shape() {
+        let text = access_output(false, || log_request("/v1/stream/a"));
+        let (time, rest) = text.split_once(' ').unwrap();
+        assert!(humantime::parse_rfc3339(time).is_ok(), "{time}");
+        assert_eq!(
+            rest,
+            " INFO picomq::access: request id=\"1-a\" method=\"PUT\" path=\"/v1/stream/a\" status=201 latency_us=42\n"
+        );
+        // Anything unusual in a string is escaped as `{:?}` escapes it.
+        let odd = "/a\"b\\c\u{e9}\u{1}";
+        let text = access_output(false, || log_request(odd));
+        assert!(text.contains(&format!(" path={odd:?} ")), "{text}");
+    }
+
+    #[test]
+    fn access_lines_in_json_carry_every_field() {
+        let text = access_output(true, || {
+            log_request("/x\"y\n");
+            tracing::warn!(target: "picomq::access", id = "1-b", status = 503u16, "request failed");
+        });
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        let v = &lines[0];
+        assert!(humantime::parse_rfc3339(v["timestamp"].as_str().unwrap()).is_ok());
+        assert_eq!(v["level"], "INFO");
+        assert_eq!(v["target"], "picomq::access");
+        assert_eq!(
+            v["fields"],
+            serde_json::json!({"message": "request", "id": "1-a", "method": "PUT", "path": "/x\"y\n", "status": 201, "latency_us": 42})
+        );
+        assert_eq!(lines[1]["level"], "WARN");
+        assert_eq!(lines[1]["fields"]["message"], "request failed");
+        assert_eq!(lines[1]["fields"]["status"], 503);
     }
 }

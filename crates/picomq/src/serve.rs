@@ -186,7 +186,8 @@ pub struct ServeArgs {
     #[arg(long, env = "PICOMQ_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
     /// Log filter, e.g. info or picomq=debug. One line per request is logged at
-    /// info under the target picomq::access (silence it with info,picomq::access=warn).
+    /// info under the target picomq::access (silence it with info,picomq::access=warn;
+    /// with info,picomq::access=debug each request also runs in a span naming it).
     #[arg(long, env = "PICOMQ_LOG", default_value = "info")]
     pub log: String,
     /// Upper bound on a graceful shutdown (SIGTERM/SIGINT): in-flight requests get

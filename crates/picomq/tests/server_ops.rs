@@ -142,12 +142,12 @@ async fn request_ids_in_responses_and_json_logs() {
         async move {
             text.lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .find(|v| v["span"]["id"] == "trace-abc-123" && v["target"] == "picomq::access")
+                .find(|v| v["fields"]["id"] == "trace-abc-123" && v["target"] == "picomq::access")
         }
     })
     .await;
-    assert_eq!(entry["span"]["method"], "PUT");
-    assert_eq!(entry["span"]["path"], "/logged");
+    assert_eq!(entry["fields"]["method"], "PUT");
+    assert_eq!(entry["fields"]["path"], "/logged");
     assert_eq!(entry["fields"]["status"], 201);
     assert!(entry["fields"]["latency_us"].is_u64(), "{entry}");
     // Lines reach the log from a background writer: wait for the last request's.
