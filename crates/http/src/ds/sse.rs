@@ -102,24 +102,26 @@ async fn pump(
             .await?;
         // The data event and its control event go out as one body chunk: one wake of
         // the connection and one write, not two.
-        let mut events = if chunk.segments.is_empty() {
-            String::new()
-        } else {
-            data_event(&body_of(&chunk), encoding)
-        };
+        let mut events = String::new();
+        if !chunk.segments.is_empty() {
+            push_data_event(&mut events, &body_of(&chunk), encoding);
+        }
         offset = chunk.next;
-        let control = if chunk.closed {
-            serde_json::json!({ "streamNextOffset": offset.to_string(), "streamClosed": true, "upToDate": true })
+        // Offsets are digits and `_`, cursors digits: nothing to escape.
+        let _ = write!(
+            events,
+            "event: control\ndata:{{\"streamNextOffset\":\"{offset}\""
+        );
+        if chunk.closed {
+            events.push_str(",\"streamClosed\":true,\"upToDate\":true");
         } else {
-            let cursor = next_cursor(now_secs(), client_cursor.as_deref()).to_string();
-            let mut c = serde_json::json!({ "streamNextOffset": offset.to_string(), "streamCursor": cursor });
+            let cursor = next_cursor(now_secs(), client_cursor.as_deref());
+            let _ = write!(events, ",\"streamCursor\":\"{cursor}\"");
             if chunk.up_to_date {
-                c["upToDate"] = serde_json::Value::Bool(true);
+                events.push_str(",\"upToDate\":true");
             }
-            c
-        };
-        // Writing into a String cannot fail.
-        let _ = write!(events, "event: control\ndata:{control}\n\n");
+        }
+        events.push_str("}\n\n");
         send(events).await?;
         if chunk.closed {
             return Ok(());
@@ -149,12 +151,15 @@ async fn pump(
 }
 
 /// One `data` event; every line of the payload gets its own `data:` field.
-fn data_event(payload: &[u8], encoding: Encoding) -> String {
+fn push_data_event(out: &mut String, payload: &[u8], encoding: Encoding) {
     let text = match encoding {
-        Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(payload),
-        Encoding::Text => String::from_utf8_lossy(payload).into_owned(),
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD
+            .encode(payload)
+            .into(),
+        // Valid UTF-8 (every JSON message is) is borrowed, not copied.
+        Encoding::Text => String::from_utf8_lossy(payload),
     };
-    let mut out = String::with_capacity(text.len() + 32);
+    out.reserve(text.len() + 96);
     out.push_str("event: data\n");
     for line in text.split('\n') {
         let line = line.strip_suffix('\r').unwrap_or(line);
@@ -171,18 +176,27 @@ fn data_event(payload: &[u8], encoding: Encoding) -> String {
         }
     }
     out.push('\n');
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn data_event(payload: &[u8], encoding: Encoding) -> String {
+        let mut out = String::new();
+        push_data_event(&mut out, payload, encoding);
+        out
+    }
+
     #[test]
     fn multiline_payloads_keep_their_lines() {
         assert_eq!(
             data_event(b"a\nb", Encoding::Text),
             "event: data\ndata:a\ndata:b\n\n"
+        );
+        assert_eq!(
+            data_event(b" a\r\nb\rc", Encoding::Text),
+            "event: data\ndata:  a\ndata:b\ndata:c\n\n"
         );
         assert_eq!(
             data_event(&[0, 1, 2], Encoding::Base64),
