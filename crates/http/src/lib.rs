@@ -305,7 +305,7 @@ async fn common_headers(
     let mut resp = if preflight {
         preflight_response(&app.cors, origin.as_ref())
     } else {
-        next.run(req).instrument(span.clone()).await
+        next.run(req).instrument(span).await
     };
     access_log(&id, &method, uri.path(), resp.status(), started);
     let h = resp.headers_mut();
