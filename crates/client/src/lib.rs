@@ -1,8 +1,12 @@
 //! A small HTTP client for Durable Streams servers, shared by the CLI, the benchmark
-//! and the integration tests. It speaks HTTP/1.1 (or h2c with `http2_only`) over one
-//! connection pool and hands back status, headers and body; it knows header names,
-//! not protocol rules.
+//! and the integration tests. It speaks HTTP/1.1 (or HTTP/2 only, with `http2_only`:
+//! h2c on `http://`, h2 by ALPN on `https://`) over one connection pool and hands back
+//! status, headers and body; it knows header names, not protocol rules. `https://`
+//! URLs are verified against the system's trust store, or only against the
+//! certificates of one PEM file ([`Client::with_tls`]).
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::HeaderMap;
 use hyper::{Method, Request};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::TokioExecutor;
@@ -30,11 +35,13 @@ pub enum ClientError {
     Body(String),
     #[error("no response within {0:?}")]
     Timeout(Duration),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 #[derive(Clone)]
 pub struct Client {
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     base: String,
 }
 
@@ -90,10 +97,46 @@ impl Client {
         Client::with_options(base, false)
     }
 
-    /// `http2_only`: speak HTTP/2 without TLS (h2c, prior knowledge).
+    /// `http2_only`: speak HTTP/2 (h2c with prior knowledge on `http://`). `https://`
+    /// servers are checked against the system's trust store.
     pub fn with_options(base: &str, http2_only: bool) -> Client {
+        // Only a broken system trust store fails here; then `https://` requests
+        // fail (no certificate can be verified) and `http://` ones still work.
+        let tls = tls_config(None).unwrap_or_else(|_| {
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default TLS versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()
+        });
+        Client::build_with(base, http2_only, tls)
+    }
+
+    /// Like [`Client::with_options`], but with `ca_cert` (a PEM file) `https://`
+    /// servers are trusted only if their chain leads to one of its certificates
+    /// (a private CA or a self-signed server), not the system's roots.
+    pub fn with_tls(
+        base: &str,
+        http2_only: bool,
+        ca_cert: Option<&Path>,
+    ) -> Result<Client, ClientError> {
+        Ok(Client::build_with(base, http2_only, tls_config(ca_cert)?))
+    }
+
+    fn build_with(base: &str, http2_only: bool, tls: rustls::ClientConfig) -> Client {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let https = if http2_only {
+            https.enable_http2().wrap_connector(connector)
+        } else {
+            https.enable_http1().wrap_connector(connector)
+        };
         let mut builder = HyperClient::builder(TokioExecutor::new());
         builder
             .pool_max_idle_per_host(1024)
@@ -102,13 +145,25 @@ impl Client {
             builder.http2_only(true);
         }
         Client {
-            http: builder.build(connector),
+            http: builder.build(https),
             base: base.trim_end_matches('/').to_string(),
         }
     }
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// A refused certificate is a TLS error (retrying will not help), anything else
+    /// a connection error.
+    fn request_failed(&self, source: hyper_util::client::legacy::Error) -> ClientError {
+        match tls_cause(&source) {
+            Some(tls) => ClientError::Tls(format!("{}: {tls}", self.base)),
+            None => ClientError::Connect {
+                url: self.base.clone(),
+                source,
+            },
+        }
     }
 
     fn build(
@@ -146,10 +201,7 @@ impl Client {
             .http
             .request(req)
             .await
-            .map_err(|source| ClientError::Connect {
-                url: self.base.clone(),
-                source,
-            })?;
+            .map_err(|source| self.request_failed(source))?;
         let (parts, body) = resp.into_parts();
         let body = body
             .collect()
@@ -176,10 +228,7 @@ impl Client {
             .http
             .request(req)
             .await
-            .map_err(|source| ClientError::Connect {
-                url: self.base.clone(),
-                source,
-            })?;
+            .map_err(|source| self.request_failed(source))?;
         let (parts, body) = resp.into_parts();
         Ok(Streaming {
             status: parts.status,
@@ -268,6 +317,139 @@ impl SseParser {
             events.push(event);
         }
         events
+    }
+}
+
+/// The rustls error somewhere in `e`'s causes. The TLS stream reports it inside
+/// `io::Error`s (two, nested), whose `source()` skips the error they wrap: look
+/// inside those instead.
+fn tls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        cause = match c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(wrapped) => Some(wrapped as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
+}
+
+/// Client TLS with the ring provider (the one the server uses): trust the
+/// certificates in `ca_cert`, or else the system's trust store.
+fn tls_config(ca_cert: Option<&Path>) -> Result<rustls::ClientConfig, ClientError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    use rustls_platform_verifier::BuilderVerifierExt;
+
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ClientError::Tls(e.to_string()))?;
+    let Some(path) = ca_cert else {
+        return Ok(builder
+            .with_platform_verifier()
+            .map_err(|e| ClientError::Tls(format!("the system's trust store: {e}")))?
+            .with_no_client_auth());
+    };
+    let bad = |e: &dyn std::fmt::Display| ClientError::Tls(format!("{}: {e}", path.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    let mut pinned = Vec::new();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+        let cert = cert.map_err(|e| bad(&e))?;
+        roots.add(cert.clone()).map_err(|e| bad(&e))?;
+        pinned.push(cert);
+    }
+    if roots.is_empty() {
+        return Err(bad(&"no PEM certificate in the file"));
+    }
+    let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        builder.crypto_provider().clone(),
+    )
+    .build()
+    .map_err(|e| bad(&e))?;
+    Ok(builder
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedOrChain { chain, pinned }))
+        .with_no_client_auth())
+}
+
+/// Trusts a server whose chain leads to one of the `--ca-cert` certificates, or that
+/// presents one of them itself, valid for the name it was asked for. The second case
+/// is a self-signed certificate made with `openssl req -x509`, which marks it as a
+/// CA: WebPKI refuses a CA certificate as a server's own (`CaUsedAsEndEntity`; curl
+/// accepts it). Only that refusal is overridden: an expired or misnamed certificate
+/// is refused either way, and handshake signatures are always checked.
+#[derive(Debug)]
+struct PinnedOrChain {
+    chain: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<rustls::pki_types::CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedOrChain {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let err = match self.chain.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => return Ok(verified),
+            Err(e) => e,
+        };
+        let ca_as_end_entity = matches!(
+            &err,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
+                if matches!(other.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
+        );
+        if !ca_as_end_entity
+            || !self
+                .pinned
+                .iter()
+                .any(|c| c.as_ref() == end_entity.as_ref())
+        {
+            return Err(err);
+        }
+        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&cert, server_name)?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain.supported_verify_schemes()
     }
 }
 

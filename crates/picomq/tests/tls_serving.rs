@@ -130,6 +130,55 @@ async fn serves_the_protocol_over_tls_and_reloads_on_sighup() {
         ],
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "over tls 2");
+
+    // The CLI over HTTPS: it trusts the test's self-signed certificate given with
+    // --ca-cert (over HTTP/1.1 and HTTP/2), and nothing else: not without it (the
+    // system's trust store), not with another certificate, not under another name.
+    let cli = cli::Cli::new(&base);
+    let ca = first.to_str().unwrap();
+    let run = cli.run(&["create", "tls/cli", "--ca-cert", ca]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = cli
+        .run_with_stdin(&["append", "tls/cli", "--ca-cert", ca], b"via cli\n")
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    for http2 in [false, true] {
+        let mut args = vec!["read", "tls/cli", "--ca-cert", ca];
+        if http2 {
+            args.push("--http2");
+        }
+        let run = cli.run(&args).await;
+        assert_eq!(run.code, 0, "{run:?}");
+        assert_eq!(run.stdout, "via cli\n", "{run:?}");
+    }
+    let other = second.to_str().unwrap();
+    for args in [
+        vec!["read", "tls/cli"],
+        vec!["read", "tls/cli", "--ca-cert", other],
+        vec![
+            "read",
+            "tls/cli",
+            "--ca-cert",
+            ca,
+            "--url",
+            &format!("https://localhost:{port}"),
+        ],
+    ] {
+        let run = cli.run(&args).await;
+        // A refused certificate is not retried: exit 2 at once, with the reason.
+        assert_eq!(run.code, 2, "{args:?} must fail: {run:?}");
+        assert!(run.stderr.contains("certificate"), "{run:?}");
+    }
+    let run = cli
+        .run(&[
+            "read",
+            "tls/cli",
+            "--ca-cert",
+            d.join("server.log").to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("no PEM certificate"), "{run:?}");
     // Plain HTTP on the TLS port is not served.
     let out = Command::new("curl")
         .args([

@@ -107,9 +107,13 @@ pub struct Conn {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub output: Output,
-    /// Speak HTTP/2 without TLS (h2c, prior knowledge) instead of HTTP/1.1.
+    /// Speak HTTP/2 instead of HTTP/1.1 (h2c with prior knowledge on http://).
     #[arg(long)]
     pub http2: bool,
+    /// For https:// URLs: trust only the certificates in this PEM file (a private CA
+    /// or a self-signed server) instead of the system's trust store.
+    #[arg(long, env = "PICOMQ_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// How long one request may take (live follows wait longer).
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub timeout: Duration,
@@ -219,7 +223,7 @@ impl Failure {
 
     pub fn from_client(e: ClientError) -> Failure {
         let kind = match e {
-            ClientError::Request(_) => Kind::Invalid,
+            ClientError::Request(_) | ClientError::Tls(_) => Kind::Invalid,
             _ => Kind::Unavailable,
         };
         // The innermost cause says what happened ("Connection refused").
@@ -301,17 +305,13 @@ impl Ctx {
         if !(conn.url.starts_with("http://") || conn.url.starts_with("https://")) {
             return Err(Failure::new(
                 Kind::Invalid,
-                format!("--url {:?} must start with http://", conn.url),
+                format!("--url {:?} must start with http:// or https://", conn.url),
             ));
         }
-        if conn.url.starts_with("https://") {
-            return Err(Failure::new(
-                Kind::Invalid,
-                "--url: https is not supported by this client yet; use http:// (e.g. through a local TLS-terminating proxy)",
-            ));
-        }
+        let client = Client::with_tls(&conn.url, conn.http2, conn.ca_cert.as_deref())
+            .map_err(|e| Failure::new(Kind::Invalid, e.to_string()))?;
         Ok(Ctx {
-            client: Client::with_options(&conn.url, conn.http2),
+            client,
             auth: conn.token.as_ref().map(|t| format!("Bearer {t}")),
             conn: conn.clone(),
         })
