@@ -51,6 +51,8 @@ pub struct HttpConfig {
     pub body_read_timeout: Duration,
     /// Requests per second (and burst) per client IP; `None`: unlimited.
     pub rate_limit_ip: Option<(f64, f64)>,
+    /// Proxies whose `X-Forwarded-For` names the client a per-IP limit counts.
+    pub trusted_proxies: Vec<limits::IpRange>,
     /// Requests per second (and burst) per token; `None`: unlimited.
     pub rate_limit_token: Option<(f64, f64)>,
     /// Concurrent live reads (long-poll, SSE) of one stream.
@@ -69,6 +71,7 @@ impl Default for HttpConfig {
             cors: Cors::Any,
             body_read_timeout: Duration::from_secs(30),
             rate_limit_ip: None,
+            trusted_proxies: Vec::new(),
             rate_limit_token: None,
             live_readers_per_stream_max: 10_000,
             live_readers_per_token_max: 10_000,
@@ -128,6 +131,8 @@ pub struct AppState {
     pub cors: Cors,
     pub body_read_timeout: Duration,
     pub ip_limiter: Option<RateLimiter<IpAddr>>,
+    /// Proxies whose `X-Forwarded-For` the per-IP limit believes.
+    pub trusted_proxies: Vec<limits::IpRange>,
     pub token_limiter: Option<RateLimiter<String>>,
     pub live: Arc<LiveReaders>,
 }
@@ -155,6 +160,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Router, Router) {
         ip_limiter: config
             .rate_limit_ip
             .map(|(rate, burst)| RateLimiter::new(rate, burst)),
+        trusted_proxies: config.trusted_proxies,
         token_limiter: config
             .rate_limit_token
             .map(|(rate, burst)| RateLimiter::new(rate, burst)),
@@ -223,7 +229,8 @@ async fn guard(
         &app.ip_limiter,
         req.extensions().get::<ConnectInfo<SocketAddr>>(),
     ) {
-        if let Err(wait) = limiter.check(&peer.ip(), now) {
+        let client = limits::client_ip(peer.ip(), req.headers(), &app.trusted_proxies);
+        if let Err(wait) = limiter.check(&client, now) {
             return limits::too_many_requests("from this address", wait).into_response();
         }
     }

@@ -3,12 +3,98 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 
 use crate::error::ApiError;
+
+/// An address range: an IP and how many leading bits of it must match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpRange {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpRange {
+    /// `10.0.0.0/8`, `fd00::/8`, or one address (`192.0.2.7`, `::1`).
+    pub fn parse(s: &str) -> Result<IpRange, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR range"))?;
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= bits)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0..={bits}"))?,
+        };
+        Ok(IpRange { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let mask = |bits: u32| {
+            u128::MAX
+                .checked_shl(bits - u32::from(self.prefix))
+                .unwrap_or(0)
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let m = mask(32) as u32;
+                u32::from(net) & m == u32::from(ip) & m
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let m = mask(128);
+                u128::from(net) & m == u128::from(ip) & m
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Most `X-Forwarded-For` entries read for one request.
+const FORWARDED_HOPS_MAX: usize = 32;
+
+/// The client address a per-IP limit counts: the TCP peer, unless the peer is one
+/// of `trusted` proxies; then the nearest address in `X-Forwarded-For` that is not a
+/// trusted proxy itself, read from the right (entries to its left were written by
+/// the client and prove nothing). An entry that is not an address ends the walk at
+/// the last address known to be real.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpRange]) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|r| r.contains(ip));
+    if trusted.is_empty() || !is_trusted(peer) {
+        return peer;
+    }
+    let mut hops: Vec<&str> = Vec::new();
+    for value in headers.get_all("x-forwarded-for") {
+        let Ok(value) = value.to_str() else {
+            return peer;
+        };
+        hops.extend(value.split(','));
+    }
+    let mut client = peer;
+    for hop in hops.iter().rev().take(FORWARDED_HOPS_MAX) {
+        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+            return client;
+        };
+        client = ip.to_canonical();
+        if !is_trusted(client) {
+            return client;
+        }
+    }
+    client
+}
 
 /// Most keys a rate limiter or live-reader map tracks at once.
 pub const KEYS_MAX: usize = 100_000;
@@ -174,6 +260,69 @@ impl Drop for LiveSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn ip_ranges_match_by_prefix() {
+        let r = IpRange::parse("10.1.0.0/16").unwrap();
+        assert!(r.contains("10.1.200.3".parse().unwrap()));
+        assert!(!r.contains("10.2.0.1".parse().unwrap()));
+        assert!(
+            r.contains("::ffff:10.1.0.9".parse().unwrap()),
+            "IPv4-mapped IPv6"
+        );
+        assert!(IpRange::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("192.0.2.1".parse().unwrap()));
+        let one = IpRange::parse("::1").unwrap();
+        assert!(one.contains("::1".parse().unwrap()));
+        assert!(!one.contains("::2".parse().unwrap()));
+        assert!(!one.contains("127.0.0.1".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "::/129", "nope", "10.0.0.0/x", ""] {
+            assert!(IpRange::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_client_is_the_nearest_untrusted_forwarded_address() {
+        let proxies = [IpRange::parse("10.0.0.0/8").unwrap()];
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // No trusted proxies, or an untrusted peer: the header is ignored.
+        assert_eq!(client_ip(peer, &xff(&["192.0.2.9"]), &[]), peer);
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &xff(&["192.0.2.9"]), &proxies),
+            ip("192.0.2.1")
+        );
+        // Through two trusted proxies; what the client wrote on the left is not believed.
+        assert_eq!(
+            client_ip(peer, &xff(&["6.6.6.6, 192.0.2.9, 10.0.0.2"]), &proxies),
+            ip("192.0.2.9")
+        );
+        assert_eq!(
+            client_ip(peer, &xff(&["6.6.6.6", "192.0.2.9"]), &proxies),
+            ip("192.0.2.9")
+        );
+        // No header, or only proxies: the farthest known address.
+        assert_eq!(client_ip(peer, &xff(&[]), &proxies), peer);
+        assert_eq!(
+            client_ip(peer, &xff(&["10.0.0.3"]), &proxies),
+            ip("10.0.0.3")
+        );
+        // Garbage to the right of any real address: stop at what is known.
+        assert_eq!(client_ip(peer, &xff(&["192.0.2.9, junk"]), &proxies), peer);
+        assert_eq!(
+            client_ip(peer, &xff(&["junk, 192.0.2.9"]), &proxies),
+            ip("192.0.2.9")
+        );
+    }
 
     #[test]
     fn bucket_refuses_beyond_burst_and_refills() {

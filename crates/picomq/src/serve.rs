@@ -19,6 +19,10 @@ fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
 }
 
+fn ip_range(s: &str) -> Result<picomq_http::limits::IpRange, String> {
+    picomq_http::limits::IpRange::parse(s)
+}
+
 fn rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
@@ -75,6 +79,11 @@ pub struct SecurityArgs {
     /// Requests per second per client IP address [default: unlimited].
     #[arg(long, env = "PICOMQ_RATE_LIMIT_IP", value_parser = rate, value_name = "RPS")]
     pub rate_limit_ip: Option<f64>,
+    /// Proxies in front of the server (comma-separated IPs or CIDR ranges, e.g.
+    /// 10.0.0.0/8): for requests they forward, --rate-limit-ip counts the client named
+    /// in X-Forwarded-For instead of the proxy [default: none, the header is ignored].
+    #[arg(long, env = "PICOMQ_TRUSTED_PROXIES", value_delimiter = ',', value_parser = ip_range, value_name = "LIST")]
+    pub trusted_proxies: Vec<picomq_http::limits::IpRange>,
     /// Requests per second per token [default: unlimited].
     #[arg(long, env = "PICOMQ_RATE_LIMIT_TOKEN", value_parser = rate, value_name = "RPS")]
     pub rate_limit_token: Option<f64>,
@@ -420,6 +429,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         cors,
         body_read_timeout: sec.body_read_timeout,
         rate_limit_ip: sec.rate_limit_ip.map(|r| (r, burst(r))),
+        trusted_proxies: sec.trusted_proxies.clone(),
         rate_limit_token: sec.rate_limit_token.map(|r| (r, burst(r))),
         live_readers_per_stream_max: sec.max_live_readers_per_stream,
         live_readers_per_token_max: sec.max_live_readers_per_token,

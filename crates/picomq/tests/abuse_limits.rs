@@ -195,6 +195,70 @@ async fn rate_limits_per_ip_answer_429_with_retry_after() {
     assert_eq!(s.client.get("/healthz").await.unwrap().status.as_u16(), 200);
 }
 
+/// Statuses of `n` quick `GET /healthz`, each with this `X-Forwarded-For` (if any).
+async fn healthz_as(s: &Server, forwarded: Option<&str>, n: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        let headers: Vec<(&str, &str)> = forwarded
+            .map(|f| vec![("x-forwarded-for", f)])
+            .unwrap_or_default();
+        let r = s
+            .client
+            .send(HttpMethod::GET, "/healthz", &headers, "")
+            .await
+            .unwrap();
+        statuses.push(r.status.as_u16());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket() {
+    let dir = TempDir::new("ratelimit-proxy");
+    let s = Server::start(
+        dir.path(),
+        &[
+            "--rate-limit-ip",
+            "5",
+            "--rate-limit-burst",
+            "5",
+            "--trusted-proxies",
+            "192.0.2.0/24,127.0.0.1",
+        ],
+    )
+    .await;
+    let a = healthz_as(&s, Some("203.0.113.1"), 10).await;
+    assert!(
+        a[..5].iter().all(|s| *s == 200) && a.contains(&429),
+        "{a:?}"
+    );
+    // Another client behind the same proxy, and one whose proxy chain passes
+    // through another trusted proxy: their own buckets.
+    assert_eq!(healthz_as(&s, Some("203.0.113.2"), 1).await, [200]);
+    assert_eq!(
+        healthz_as(&s, Some("203.0.113.3, 192.0.2.7"), 1).await,
+        [200]
+    );
+    // What a client writes to the left of the real address changes nothing.
+    assert_eq!(
+        healthz_as(&s, Some("198.51.100.1, 203.0.113.1"), 1).await,
+        [429]
+    );
+    drop(s);
+
+    // Without --trusted-proxies the header is ignored: one bucket, the TCP peer's.
+    let dir = TempDir::new("ratelimit-no-proxy");
+    let s = Server::start(
+        dir.path(),
+        &["--rate-limit-ip", "5", "--rate-limit-burst", "5"],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let a = healthz_as(&s, Some("203.0.113.1"), 10).await;
+    assert!(a.contains(&429), "{a:?}");
+    assert_eq!(healthz_as(&s, Some("203.0.113.2"), 1).await, [429]);
+}
+
 #[tokio::test]
 async fn rate_limits_per_token_are_separate_buckets() {
     let dir = TempDir::new("ratelimit-token");
