@@ -98,31 +98,28 @@ impl Client {
     }
 
     /// `http2_only`: speak HTTP/2 (h2c with prior knowledge on `http://`). `https://`
-    /// servers are checked against the system's trust store.
+    /// servers are checked against the system's trust store; if it cannot be loaded,
+    /// no `https://` server is trusted.
     pub fn with_options(base: &str, http2_only: bool) -> Client {
-        // Only a broken system trust store fails here; then `https://` requests
-        // fail (no certificate can be verified) and `http://` ones still work.
-        let tls = tls_config(None).unwrap_or_else(|_| {
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth()
-        });
-        Client::build_with(base, http2_only, tls)
+        Client::with_tls(base, http2_only, None)
+            .unwrap_or_else(|_| Client::build_with(base, http2_only, trust_nothing()))
     }
 
     /// Like [`Client::with_options`], but with `ca_cert` (a PEM file) `https://`
     /// servers are trusted only if their chain leads to one of its certificates
-    /// (a private CA or a self-signed server), not the system's roots.
+    /// (a private CA or a self-signed server), not the system's roots. The system's
+    /// trust store is read only for an `https://` base: plain HTTP works without one.
     pub fn with_tls(
         base: &str,
         http2_only: bool,
         ca_cert: Option<&Path>,
     ) -> Result<Client, ClientError> {
-        Ok(Client::build_with(base, http2_only, tls_config(ca_cert)?))
+        let tls = if ca_cert.is_none() && !base.starts_with("https://") {
+            trust_nothing()
+        } else {
+            tls_config(ca_cert)?
+        };
+        Ok(Client::build_with(base, http2_only, tls))
     }
 
     fn build_with(base: &str, http2_only: bool, tls: rustls::ClientConfig) -> Client {
@@ -338,6 +335,15 @@ fn tls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls:
         };
     }
     None
+}
+
+/// A TLS configuration no server passes (no roots): for clients of `http://` bases.
+fn trust_nothing() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
 }
 
 /// Client TLS with the ring provider (the one the server uses): trust the
