@@ -76,15 +76,16 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpRange]) -> IpAd
     if trusted.is_empty() || !is_trusted(peer) {
         return peer;
     }
-    let mut hops: Vec<&str> = Vec::new();
-    for value in headers.get_all("x-forwarded-for") {
-        let Ok(value) = value.to_str() else {
-            return peer;
-        };
-        hops.extend(value.split(','));
-    }
+    // Right to left: the last header line first, each line's last entry first. A
+    // line that is not text counts as an entry that is not an address.
+    let hops = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .rev()
+        .flat_map(|value| value.to_str().unwrap_or("?").rsplit(','))
+        .take(FORWARDED_HOPS_MAX);
     let mut client = peer;
-    for hop in hops.iter().rev().take(FORWARDED_HOPS_MAX) {
+    for hop in hops {
         let Ok(ip) = hop.trim().parse::<IpAddr>() else {
             return client;
         };
