@@ -261,6 +261,7 @@ impl Drop for LiveSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn xff(values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -323,6 +324,13 @@ mod tests {
             client_ip(peer, &xff(&["junk, 192.0.2.9"]), &proxies),
             ip("192.0.2.9")
         );
+        // A header line that is not text is such garbage too.
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_bytes(b"\xff").unwrap());
+        h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.9"));
+        assert_eq!(client_ip(peer, &h, &proxies), ip("192.0.2.9"));
+        h.append("x-forwarded-for", HeaderValue::from_bytes(b"\xff").unwrap());
+        assert_eq!(client_ip(peer, &h, &proxies), peer);
     }
 
     #[test]
