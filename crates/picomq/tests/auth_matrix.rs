@@ -2,7 +2,8 @@
 //! each operation the right scope succeeds, a missing one gets 403 whether or not the
 //! stream exists, no token gets 401 with a challenge; expired and revoked tokens fail;
 //! namespaced tokens stay inside their namespace; issued tokens never exceed their
-//! issuer; admin endpoints need the admin scope; query tokens only ever read.
+//! issuer; admin endpoints need the admin scope; query tokens only ever read; SSE
+//! connections end when their token is revoked or expires.
 
 mod support;
 
@@ -292,6 +293,130 @@ async fn expired_revoked_and_unknown_tokens_fail_at_once() {
             .status
             .as_u16(),
         200
+    );
+}
+
+/// Reads an SSE body until it ends; `Err` with what arrived if it is still open
+/// after `within`.
+async fn ends_within(sse: &mut picomq_client::Streaming, within: Duration) -> Result<(), String> {
+    let mut seen = String::new();
+    let read = async {
+        while let Some(chunk) = sse.next_chunk().await {
+            match chunk {
+                Ok(c) => seen.push_str(&String::from_utf8_lossy(&c)),
+                Err(_) => break, // cut mid-body: ended too
+            }
+        }
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(()) => Ok(()),
+        Err(_) => Err(seen),
+    }
+}
+
+#[tokio::test]
+async fn sse_ends_when_its_token_is_revoked_or_expires() {
+    let dir = TempDir::new("auth-sse-revoke");
+    let s = start_with_auth(dir.path(), &[]).await;
+    call(
+        &s,
+        HttpMethod::PUT,
+        "/s",
+        Some(ADMIN_SECRET),
+        &[("content-type", "text/plain")],
+        "",
+    )
+    .await;
+    let (revoked_id, revoked) =
+        issue_token(&s.client, ADMIN_SECRET, json!({ "scopes": ["read"] })).await;
+    let (_, expiring) = issue_token(
+        &s.client,
+        ADMIN_SECRET,
+        json!({ "scopes": ["read"], "expiresInSeconds": 3 }),
+    )
+    .await;
+    let (_, kept) = issue_token(&s.client, ADMIN_SECRET, json!({ "scopes": ["read"] })).await;
+    let open = |secret: String| {
+        let client = s.client.clone();
+        async move {
+            let auth = bearer(&secret);
+            let mut sse = client
+                .open(
+                    HttpMethod::GET,
+                    "/s?offset=-1&live=sse",
+                    &[("authorization", auth.as_str())],
+                    "",
+                )
+                .await
+                .unwrap();
+            assert_eq!(sse.status.as_u16(), 200);
+            // The first control event: the connection is being served.
+            let first = sse.next_chunk().await.unwrap().unwrap();
+            assert!(String::from_utf8_lossy(&first).contains("control"));
+            sse
+        }
+    };
+    let mut sse_revoked = open(revoked.clone()).await;
+    let mut sse_expiring = open(expiring.clone()).await;
+    let mut sse_kept = open(kept.clone()).await;
+
+    let r = call(
+        &s,
+        HttpMethod::DELETE,
+        &format!("/__picomq/tokens/{revoked_id}"),
+        Some(ADMIN_SECRET),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    ends_within(&mut sse_revoked, Duration::from_secs(2))
+        .await
+        .expect("the revoked token's SSE connection ended");
+    // Coming back with it is refused.
+    let r = call(
+        &s,
+        HttpMethod::GET,
+        "/s?offset=-1&live=sse",
+        Some(&revoked),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 401);
+
+    // The kept token's connection was woken by the revocation too, and stays open:
+    // new data arrives.
+    let r = call(
+        &s,
+        HttpMethod::POST,
+        "/s",
+        Some(ADMIN_SECRET),
+        &[("content-type", "text/plain")],
+        "after-revocation",
+    )
+    .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let got = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut seen = String::new();
+        while !seen.contains("after-revocation") {
+            let chunk = sse_kept.next_chunk().await.unwrap().unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "data reached an SSE reader whose token holds");
+
+    // The expiring token's connection ends when the token does (3 s after issue),
+    // without waiting for --sse-max-duration or for data.
+    ends_within(&mut sse_expiring, Duration::from_secs(6))
+        .await
+        .expect("the expired token's SSE connection ended");
+    assert!(
+        ends_within(&mut sse_kept, Duration::from_millis(500))
+            .await
+            .is_err(),
+        "a valid token's SSE connection stays open"
     );
 }
 

@@ -195,6 +195,9 @@ pub struct Auth {
     /// Serializes changes, so the rights checked are the rights written.
     changes: tokio::sync::Mutex<()>,
     read_key: ReadTokenKey,
+    /// Bumped after every revocation, so connections that outlive their request (SSE)
+    /// can look at their credential again.
+    revocations: tokio::sync::watch::Sender<u64>,
     pub config: AuthConfig,
 }
 
@@ -232,6 +235,7 @@ impl Auth {
             tokens: RwLock::new(tokens),
             changes: tokio::sync::Mutex::new(()),
             read_key: ReadTokenKey::new(&key),
+            revocations: tokio::sync::watch::Sender::new(0),
             config,
         })
     }
@@ -540,8 +544,31 @@ impl Auth {
         out
     }
 
+    /// Whether a credential accepted at a request's start still holds at `now_ms`:
+    /// its token not revoked since (nor any it was issued under), not expired.
+    pub fn still_valid(&self, principal: &Principal, now_ms: u64) -> bool {
+        match principal {
+            Principal::Token(t) => self.token(&t.id).is_some_and(|t| t.is_live(now_ms)),
+            Principal::ReadLink { expires_secs, .. } => expires_secs.saturating_mul(1000) > now_ms,
+        }
+    }
+
+    /// When a credential expires (ms since the Unix epoch), if it does.
+    pub fn expires_ms(principal: &Principal) -> Option<u64> {
+        match principal {
+            Principal::Token(t) => t.expires_ms,
+            Principal::ReadLink { expires_secs, .. } => Some(expires_secs.saturating_mul(1000)),
+        }
+    }
+
+    /// Changes after each revocation (see [`Auth::still_valid`]).
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revocations.subscribe()
+    }
+
     /// Revokes `id` and every token issued under it, at once: the next request with
-    /// any of them is refused. `Ok(false)` if `viewer` cannot see `id`.
+    /// any of them is refused, and SSE connections opened with them end. `Ok(false)`
+    /// if `viewer` cannot see `id`.
     pub async fn revoke(&self, viewer: &Token, id: &str) -> Result<bool, ApiError> {
         let _guard = self.changes.lock().await;
         if !self.descendants(&viewer.id).iter().any(|v| v == id) {
@@ -560,6 +587,8 @@ impl Auth {
                 }
             }
         }
+        drop(tokens);
+        self.revocations.send_modify(|n| *n += 1);
         Ok(true)
     }
 }

@@ -102,6 +102,14 @@ impl Caller<'_> {
         }
     }
 
+    /// The credential the request was authorized with (none with `--auth off`).
+    pub fn principal(&self) -> Option<&Principal> {
+        match self {
+            Caller::Authorized { principal } => Some(principal),
+            Caller::Open => None,
+        }
+    }
+
     /// The token id live-reader limits count against.
     pub fn token_id(&self) -> Option<&str> {
         match self {

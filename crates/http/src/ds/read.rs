@@ -117,6 +117,7 @@ pub async fn get(
                 from,
                 params.cursor,
                 slot,
+                caller.principal().cloned(),
             ))
         }
         Live::CatchUp if query == OffsetQuery::Now => return Ok(now_response(&stream)),

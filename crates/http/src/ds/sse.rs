@@ -1,22 +1,25 @@
 //! `live=sse`: data events with the stream's bytes (base64 for binary content types,
 //! a JSON array for JSON streams), each followed by a control event carrying the next
 //! offset. The connection ends after `sse_max_duration` so caches can collapse
-//! readers, at server shutdown, or at once when the stream is closed and fully
-//! delivered.
+//! readers, at server shutdown, at once when the stream is closed and fully
+//! delivered, and when the credential it was opened with is revoked or expires (the
+//! client's reconnection then gets 401).
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Response, StatusCode};
 use base64::Engine as _;
 use bytes::Bytes;
+use picomq_engine::stream::now_ms;
 use picomq_engine::{EngineError, Offset, StreamRef, WaitOutcome};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::read::{body_of, now_secs};
+use crate::auth::{Auth, Principal};
 use crate::cursor::next_cursor;
 use crate::headers::STREAM_SSE_DATA_ENCODING;
 use crate::AppState;
@@ -33,6 +36,7 @@ pub fn respond(
     from: Offset,
     cursor: Option<String>,
     slot: Option<crate::limits::LiveSlot>,
+    principal: Option<Principal>,
 ) -> Response<Body> {
     let media = picomq_engine::stream::media_type(&stream.handle.config.content_type);
     let encoding = if media.starts_with("text/") || media == "application/json" {
@@ -46,7 +50,8 @@ pub fn respond(
     tokio::spawn(async move {
         // Held for as long as the connection is served.
         let _slot = slot;
-        if let Err(e) = pump(&app, &stream, from, cursor, encoding, &tx).await {
+        let credential = principal.and_then(|p| Credential::new(&app, p));
+        if let Err(e) = pump(&app, &stream, from, cursor, encoding, credential, &tx).await {
             tracing::debug!(stream = %stream.handle.config.name, error = %e, "SSE ended");
         }
         app.live_readers
@@ -74,8 +79,54 @@ enum Stop {
     Disconnected,
     #[error("server shutting down")]
     ShuttingDown,
+    #[error("the credential was revoked or expired")]
+    CredentialEnded,
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+/// The credential an SSE connection was opened with, watched for as long as it runs.
+struct Credential {
+    auth: Arc<Auth>,
+    principal: Principal,
+    revocations: watch::Receiver<u64>,
+}
+
+impl Credential {
+    /// `None` with `--auth off`: nothing to watch.
+    fn new(app: &AppState, principal: Principal) -> Option<Credential> {
+        let auth = app.auth.clone()?;
+        let revocations = auth.revocations();
+        Some(Credential {
+            auth,
+            principal,
+            revocations,
+        })
+    }
+
+    fn check(&self) -> Result<(), Stop> {
+        if self.auth.still_valid(&self.principal, now_ms()) {
+            Ok(())
+        } else {
+            Err(Stop::CredentialEnded)
+        }
+    }
+
+    /// How long until it expires, if it does.
+    fn remaining(&self) -> Option<Duration> {
+        let expires = Auth::expires_ms(&self.principal)?;
+        Some(Duration::from_millis(expires.saturating_sub(now_ms())))
+    }
+}
+
+/// Resolves after the next revocation anywhere on the node; never without a credential.
+async fn revoked(credential: &mut Option<Credential>) {
+    if let Some(c) = credential {
+        if c.revocations.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 async fn pump(
@@ -84,6 +135,7 @@ async fn pump(
     mut offset: Offset,
     client_cursor: Option<String>,
     encoding: Encoding,
+    mut credential: Option<Credential>,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<(), Stop> {
     let started = Instant::now();
@@ -96,6 +148,9 @@ async fn pump(
         }
     };
     loop {
+        if let Some(c) = &credential {
+            c.check()?;
+        }
         let chunk = app
             .engine
             .read(stream, offset, app.engine.config().read_bytes_max)
@@ -133,13 +188,26 @@ async fn pump(
         if remaining.is_zero() {
             return Ok(());
         }
-        let timeout = remaining.min(app.long_poll_timeout);
-        // Wake on new data, on close, or when the client goes away. At shutdown the
+        let mut timeout = remaining.min(app.long_poll_timeout);
+        if let Some(expiry) = credential.as_ref().and_then(Credential::remaining) {
+            timeout = timeout.min(expiry);
+        }
+        // Wake on new data, on close, when the client goes away, or when a token was
+        // revoked (the loop's first step looks at this connection's). At shutdown the
         // last control event already named the offset to resume from: just end.
-        let outcome = tokio::select! {
-            r = app.engine.wait(stream, offset, timeout) => r?,
-            _ = tx.closed() => return Err(Stop::Disconnected),
-            _ = app.shutdown.fired() => return Ok(()),
+        let deadline = Instant::now() + timeout;
+        let outcome = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::select! {
+                r = app.engine.wait(stream, offset, left) => break r?,
+                _ = tx.closed() => return Err(Stop::Disconnected),
+                _ = app.shutdown.fired() => return Ok(()),
+                _ = revoked(&mut credential) => {
+                    if let Some(c) = &credential {
+                        c.check()?;
+                    }
+                }
+            }
         };
         app.engine.touch(stream);
         if let WaitOutcome::TimedOut = outcome {
