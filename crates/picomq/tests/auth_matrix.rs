@@ -420,6 +420,60 @@ async fn sse_ends_when_its_token_is_revoked_or_expires() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_quota_holds_under_concurrent_creates() {
+    let dir = TempDir::new("auth-quota-race");
+    let s = start_with_auth(dir.path(), &["--max-streams-per-namespace", "5"]).await;
+    let (_, tenant) = issue_token(
+        &s.client,
+        ADMIN_SECRET,
+        json!({ "scopes": ["all"], "namespace": "tenant-q/" }),
+    )
+    .await;
+    let mut creates = Vec::new();
+    for i in 0..40 {
+        let client = s.client.clone();
+        let auth = bearer(&tenant);
+        creates.push(tokio::spawn(async move {
+            let headers = [
+                ("authorization", auth.as_str()),
+                ("content-type", "text/plain"),
+            ];
+            let r = client
+                .send(HttpMethod::PUT, &format!("/s{i}"), &headers, "x")
+                .await
+                .expect("request");
+            (r.status.as_u16(), r.text())
+        }));
+    }
+    let mut created = 0;
+    for c in creates {
+        let (status, body) = c.await.unwrap();
+        match status {
+            201 => created += 1,
+            403 => assert!(body.contains("namespace_quota_exceeded"), "{body}"),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(created, 5, "exactly the quota, however many race for it");
+    let r = call(
+        &s,
+        HttpMethod::GET,
+        "/__picomq/streams?prefix=tenant-q/",
+        Some(ADMIN_SECRET),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let listed: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        listed["streams"].as_array().map(Vec::len),
+        Some(5),
+        "{listed}"
+    );
+}
+
 #[tokio::test]
 async fn namespaced_tokens_cannot_reach_outside_their_namespace() {
     let dir = TempDir::new("auth-namespace");

@@ -6,6 +6,7 @@
 
 pub mod credential;
 pub mod endpoints;
+pub mod quota;
 pub mod scope;
 
 use std::collections::{HashMap, HashSet};
@@ -198,6 +199,8 @@ pub struct Auth {
     /// Bumped after every revocation, so connections that outlive their request (SSE)
     /// can look at their credential again.
     revocations: tokio::sync::watch::Sender<u64>,
+    /// `--max-streams-per-namespace`: creates admitted and in flight.
+    pub quota: quota::NamespaceQuota,
     pub config: AuthConfig,
 }
 
@@ -236,6 +239,7 @@ impl Auth {
             changes: tokio::sync::Mutex::new(()),
             read_key: ReadTokenKey::new(&key),
             revocations: tokio::sync::watch::Sender::new(0),
+            quota: quota::NamespaceQuota::default(),
             config,
         })
     }

@@ -7,6 +7,7 @@ use picomq_engine::{
 };
 
 use super::{offset_value, query, read_body, value, Caller, HttpResult};
+use crate::auth::quota::Admitted;
 use crate::auth::Op;
 use crate::error::ApiError;
 use crate::headers::{self, *};
@@ -111,7 +112,8 @@ pub async fn create(
         app.body_read_timeout,
     )
     .await?;
-    check_namespace_quota(app, caller, &name).await?;
+    // Held until the create finished, so concurrent creates count it.
+    let _admitted = check_namespace_quota(app, caller, &name).await?;
     let request = CreateRequest {
         name: name.clone(),
         content_type: content_type(headers)?,
@@ -143,12 +145,13 @@ pub async fn create(
 }
 
 /// `--max-streams-per-namespace`: a namespaced token creates no more streams than
-/// this under its namespace (re-creating an existing one is always fine).
+/// this under its namespace (re-creating an existing one is always fine). The admitted
+/// create counts as pending until the returned guard drops (see auth/quota.rs).
 async fn check_namespace_quota(
     app: &AppState,
     caller: &Caller<'_>,
     name: &str,
-) -> Result<(), ApiError> {
+) -> Result<Option<Admitted>, ApiError> {
     let (
         Some(auth),
         Caller::Authorized {
@@ -157,19 +160,20 @@ async fn check_namespace_quota(
         },
     ) = (&app.auth, caller)
     else {
-        return Ok(());
+        return Ok(None);
     };
     let Some(max) = auth.config.streams_per_namespace_max else {
-        return Ok(());
+        return Ok(None);
     };
     if t.namespace.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    if app.engine.count_with_prefix(&t.namespace, max).await? < max {
-        return Ok(());
+    let count = app.engine.count_with_prefix(&t.namespace, max);
+    if let Some(admitted) = auth.quota.admit(&t.namespace, max, count).await? {
+        return Ok(Some(admitted));
     }
     match app.engine.head(name).await {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(None),
         Err(picomq_engine::EngineError::NotFound | picomq_engine::EngineError::Gone) => {
             Err(ApiError::new(
                 StatusCode::FORBIDDEN,
