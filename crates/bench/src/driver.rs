@@ -13,6 +13,7 @@ use tokio::sync::{watch, Mutex};
 
 use crate::config::{Live, Workload};
 use crate::conn::{Conn, Target};
+use crate::h1::H1;
 use crate::live::{encode_query, Reader};
 use crate::pacer::{due_at, Pacer};
 use crate::payload::{now_us, origin, scan, BodyTemplate};
@@ -63,55 +64,64 @@ pub fn sleep_until_us(at_us: u64) -> tokio::time::Sleep {
     ))
 }
 
-/// A writer's way to the server: its own connection, or a turn on a shared one.
+/// A writer's way to the server: its own HTTP/1.1 connection or a turn on a shared
+/// one (see h1.rs for why not hyper), or a handle on a multiplexed HTTP/2 connection.
 enum Lane {
-    Own(Conn),
-    Shared(Arc<Mutex<Conn>>),
+    H1(H1),
+    SharedH1(Arc<Mutex<H1>>),
+    H2(Conn),
 }
 
 impl Lane {
     async fn post(&mut self, path: &str, ct: &HeaderValue, body: Bytes) -> Result<u16, BenchError> {
-        match self {
-            Lane::Own(c) => post_on(c, path, ct, body).await,
-            Lane::Shared(c) => post_on(&mut *c.lock().await, path, ct, body).await,
+        let sent = async {
+            match self {
+                Lane::H1(c) => c.post(path, ct_str(ct), &body).await,
+                Lane::SharedH1(c) => c.lock().await.post(path, ct_str(ct), &body).await,
+                Lane::H2(c) => c
+                    .send(Method::POST, path, Some(ct), &[], body.clone())
+                    .await
+                    .map(|a| a.status.as_u16()),
+            }
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
+            Ok(r) => r,
+            Err(_) => Err(BenchError::Request("timeout".into())),
         }
     }
 }
 
-async fn post_on(
-    c: &mut Conn,
-    path: &str,
-    ct: &HeaderValue,
-    body: Bytes,
-) -> Result<u16, BenchError> {
-    let sent = c.send(Method::POST, path, Some(ct), &[], body);
-    match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
-        Ok(r) => r.map(|a| a.status.as_u16()),
-        Err(_) => Err(BenchError::Request("timeout".into())),
-    }
+fn ct_str(ct: &HeaderValue) -> &str {
+    // Checked when the workload was built (`--content-type` must be a valid header).
+    ct.to_str().unwrap_or("application/octet-stream")
 }
 
 /// Makes one lane per writer: its own connection where there are as many
 /// connections as writers, else a share of `connections` connections.
 async fn lanes(w: &Workload, target: &Target) -> Result<Vec<Lane>, BenchError> {
+    if w.http2 {
+        let mut conns = Vec::with_capacity(w.connections);
+        for _ in 0..w.connections {
+            let mut c = target.conn();
+            c.establish().await?;
+            conns.push(c);
+        }
+        return Ok((0..w.in_flight)
+            .map(|i| Lane::H2(conns[i % conns.len()].share().expect("connected h2")))
+            .collect());
+    }
     let mut conns = Vec::with_capacity(w.connections);
     for _ in 0..w.connections {
-        let mut c = target.conn();
+        let mut c = H1::new(target.addr, &target.authority);
         c.establish().await?;
         conns.push(c);
     }
     if w.connections == w.in_flight {
-        return Ok(conns.into_iter().map(Lane::Own).collect());
+        return Ok(conns.into_iter().map(Lane::H1).collect());
     }
-    if w.http2 {
-        return Ok((0..w.in_flight)
-            .map(|i| Lane::Own(conns[i % conns.len()].share().expect("connected h2")))
-            .collect());
-    }
-    let shared: Vec<Arc<Mutex<Conn>>> =
-        conns.into_iter().map(|c| Arc::new(Mutex::new(c))).collect();
+    let shared: Vec<Arc<Mutex<H1>>> = conns.into_iter().map(|c| Arc::new(Mutex::new(c))).collect();
     Ok((0..w.in_flight)
-        .map(|i| Lane::Shared(shared[i % shared.len()].clone()))
+        .map(|i| Lane::SharedH1(shared[i % shared.len()].clone()))
         .collect())
 }
 

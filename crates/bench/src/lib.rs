@@ -4,6 +4,7 @@
 //! - [`config`]: flags and the checked [`config::Workload`];
 //! - [`payload`]: record bodies carrying send timestamps, and finding them again;
 //! - [`conn`]: one hyper connection per handle (HTTP/1.1 or h2c);
+//! - [`h1`]: the writers' lean HTTP/1.1 connection;
 //! - [`driver`]: the append workload (writers, live readers, catch-up reads);
 //! - [`live`]: SSE and long-poll readers for end-to-end latency;
 //! - [`scale`]: the create-many-streams workload;
@@ -14,6 +15,7 @@
 pub mod config;
 pub mod conn;
 pub mod driver;
+pub mod h1;
 pub mod live;
 pub mod pacer;
 pub mod payload;
