@@ -465,6 +465,14 @@ fn fill_server(
                 s.store_put_ms_mean = Some(sum / n * 1000.0);
             }
         }
+        let ms = |name: &str, want: &[(&str, &str)], q: f64| {
+            quantile(b, a, name, want, q).map(|v| v * 1000.0)
+        };
+        s.append_ms_p50 = ms(APPEND_DURATION, &[], 0.5);
+        s.append_ms_p99 = ms(APPEND_DURATION, &[], 0.99);
+        s.wal_commit_ms_p50 = ms(WAL_COMMIT, &[], 0.5);
+        s.wal_commit_ms_p99 = ms(WAL_COMMIT, &[], 0.99);
+        s.store_put_ms_p99 = ms(STORE_DURATION, &[("op", "put")], 0.99);
         s.cpu_s = delta(b, a, PROCESS_CPU, &[]);
         s.rss_mb_end = a.sum(PROCESS_RSS, &[]).map(|v| mb(v as u64));
     }

@@ -163,6 +163,15 @@ pub struct ServerReport {
     pub store_puts_per_1000_records: Option<f64>,
     /// Mean object-store PUT latency seen by the server in the window.
     pub store_put_ms_mean: Option<f64>,
+    /// Its p99, from the store's latency histogram (interpolated within its buckets).
+    pub store_put_ms_p99: Option<f64>,
+    /// Server-side append latency (engine entry to durable) in the window, from its
+    /// histogram: p50 and p99, as fine as the bucket bounds.
+    pub append_ms_p50: Option<f64>,
+    pub append_ms_p99: Option<f64>,
+    /// WAL commit (oldest op buffered until durable), per object: p50 and p99.
+    pub wal_commit_ms_p50: Option<f64>,
+    pub wal_commit_ms_p99: Option<f64>,
     pub cpu_s: Option<f64>,
     pub cpu_s_per_million_records: Option<f64>,
     pub rss_mb_peak_sampled: Option<f64>,
@@ -371,6 +380,17 @@ impl Report {
             opt(s.vm_hwm_mb, "MiB"),
             opt(s.rss_mb_end, "MiB"),
         );
+        if s.append_ms_p50.is_some() || s.wal_commit_ms_p50.is_some() {
+            let _ = writeln!(
+                o,
+                "server ms:  append p50 {} p99 {} (engine entry to durable); WAL commit p50 {} p99 {}; store PUT p99 {} (from /metrics buckets)",
+                opt(s.append_ms_p50, ""),
+                opt(s.append_ms_p99, ""),
+                opt(s.wal_commit_ms_p50, ""),
+                opt(s.wal_commit_ms_p99, ""),
+                opt(s.store_put_ms_p99, ""),
+            );
+        }
         let _ = writeln!(
             o,
             "client:     CPU {} ({} cores busy)",
@@ -414,6 +434,11 @@ const FIGURES: &[(&str, &str)] = &[
     ("probe append p99 ms", "/create/probe_append_ms/p99"),
     ("probe read p50 ms", "/create/probe_read_ms/p50"),
     ("probe read p99 ms", "/create/probe_read_ms/p99"),
+    ("server append p50 ms", "/server/append_ms_p50"),
+    ("server append p99 ms", "/server/append_ms_p99"),
+    ("WAL commit p50 ms", "/server/wal_commit_ms_p50"),
+    ("WAL commit p99 ms", "/server/wal_commit_ms_p99"),
+    ("store PUT p99 ms", "/server/store_put_ms_p99"),
     ("store PUTs/s", "/server/store_puts_per_s"),
     (
         "PUTs per 1,000 records",

@@ -16,9 +16,12 @@ pub struct Histogram {
     count: AtomicU64,
 }
 
-/// Latency buckets, in seconds: 1 ms to 10 s.
+/// Latency buckets, in seconds, from about one local write (0.25 ms) to what a
+/// stalled store makes of a request (10 s); fine enough between 1 and 100 ms that a
+/// quantile read from them (`histogram_quantile`) is close to the true one.
 pub const LATENCY_BOUNDS_S: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 /// Size buckets, in bytes: 256 B to 16 MiB.
 pub const BYTES_BOUNDS: &[f64] = &[

@@ -547,6 +547,8 @@ async fn metrics_count_requests_bytes_and_cost() {
     };
     let puts_before = puts(c.clone()).await;
     let appends_before = metric(c, "picomq_appends_total").await;
+    let timed_before = metric(c, "picomq_append_duration_seconds_count").await;
+    let commits_before = metric(c, "picomq_wal_commit_seconds_count").await;
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
         let c = c.clone();
@@ -572,6 +574,18 @@ async fn metrics_count_requests_bytes_and_cost() {
         CLIENTS * PER_CLIENT
     );
     assert!(put_requests >= 1.0);
+    // Every acknowledged append was timed; every WAL object's commit too (one PUT each).
+    let timed = metric(c, "picomq_append_duration_seconds_count").await - timed_before;
+    assert_eq!(timed as usize, CLIENTS * PER_CLIENT);
+    let commits = metric(c, "picomq_wal_commit_seconds_count").await - commits_before;
+    assert!(
+        commits >= 1.0 && commits <= put_requests,
+        "{commits} commits, {put_requests} PUTs"
+    );
+    assert!(metric(c, "picomq_append_duration_seconds_sum").await > 0.0);
+    assert!(
+        metric_labels(c, "picomq_append_duration_seconds_bucket", &["le=\"+Inf\""]).await >= timed
+    );
     assert!(
         put_requests * 5.0 <= appends,
         "{put_requests} PUTs for {appends} appends"

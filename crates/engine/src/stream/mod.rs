@@ -12,7 +12,7 @@ pub mod registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use object_store::path::Path;
@@ -31,7 +31,7 @@ use crate::error::{EngineError, Result};
 use crate::gc::GcStats;
 use crate::indexer::{self, IndexerProgress};
 use crate::meta::{ChunkRow, Meta, StreamRow};
-use crate::metrics::Exposition;
+use crate::metrics::{Exposition, Histogram, LATENCY_BOUNDS_S};
 use crate::offset::Offset;
 use crate::store::instrumented::{InstrumentedStore, StoreStats};
 use crate::wal::format::{
@@ -170,10 +170,12 @@ pub struct EngineStats {
 }
 
 /// Counters of the stream service (the WAL and the stores keep their own).
-#[derive(Default)]
 pub struct ServiceCounters {
     /// Appends acknowledged (durable), duplicates excluded.
     pub appends: AtomicU64,
+    /// Per acknowledged append (duplicates included), from entering the engine until
+    /// durable: the server's share of an append's latency, without HTTP.
+    pub append_seconds: Histogram,
     /// Records (messages) in those appends.
     pub append_records: AtomicU64,
     pub append_bytes: AtomicU64,
@@ -187,6 +189,23 @@ pub struct ServiceCounters {
     /// Reads (index rows fetched) served by ranged GETs from the object store.
     pub reads_store: AtomicU64,
     pub read_bytes_store: AtomicU64,
+}
+
+impl Default for ServiceCounters {
+    fn default() -> Self {
+        ServiceCounters {
+            appends: AtomicU64::new(0),
+            append_seconds: Histogram::new(LATENCY_BOUNDS_S),
+            append_records: AtomicU64::new(0),
+            append_bytes: AtomicU64::new(0),
+            trims: AtomicU64::new(0),
+            reads_memory: AtomicU64::new(0),
+            read_bytes_memory: AtomicU64::new(0),
+            waiting_reads: AtomicU64::new(0),
+            reads_store: AtomicU64::new(0),
+            read_bytes_store: AtomicU64::new(0),
+        }
+    }
 }
 
 struct Inner {
@@ -1168,6 +1187,7 @@ impl Engine {
         {
             return Err(EngineError::bad_request("Stream-Seq is too long"));
         }
+        let started = Instant::now();
         for _ in 0..STATE_RETRIES {
             let stream = self.stream(&req.name).await?;
             let handle = stream.handle;
@@ -1190,8 +1210,9 @@ impl Engine {
                 }
             };
             self.wait_durable(&handle, wait_op).await?;
+            let c = &self.inner.counters;
+            c.append_seconds.observe(started.elapsed().as_secs_f64());
             if let AppendOutcome::Appended { .. } = outcome {
-                let c = &self.inner.counters;
                 c.appends.fetch_add(1, Ordering::Relaxed);
                 c.append_records.fetch_add(records, Ordering::Relaxed);
                 c.append_bytes
@@ -2018,6 +2039,18 @@ impl Engine {
             "Stream ops packed into each WAL object (group commit).",
         )
         .histogram("picomq_wal_flush_ops", &[], &wal.flush_ops);
+        out.family(
+            "picomq_wal_batch_wait_seconds",
+            "histogram",
+            "Per WAL object, from its oldest op entering the write buffer until its upload started.",
+        )
+        .histogram("picomq_wal_batch_wait_seconds", &[], &wal.batch_wait_seconds);
+        out.family(
+            "picomq_wal_commit_seconds",
+            "histogram",
+            "Per WAL object, from its oldest op entering the write buffer until the object and every one before it were durable.",
+        )
+        .histogram("picomq_wal_commit_seconds", &[], &wal.commit_seconds);
         let health = self.inner.wal.health();
         let state = match &*health.borrow() {
             crate::wal::WalHealth::Ok => "ok",
@@ -2172,6 +2205,12 @@ impl Engine {
             "Appends acknowledged as durable (idempotent duplicates excluded).",
             get(&c.appends),
         )
+        .family(
+            "picomq_append_duration_seconds",
+            "histogram",
+            "Per append, from entering the engine (body read) until acknowledged durable.",
+        )
+        .histogram("picomq_append_duration_seconds", &[], &c.append_seconds)
         .single(
             "picomq_trims_total",
             "counter",

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::format::{self, Op};
 use crate::config::WalConfig;
 use crate::error::{EngineError, Result};
-use crate::metrics::{Histogram, BYTES_BOUNDS, COUNT_BOUNDS};
+use crate::metrics::{Histogram, BYTES_BOUNDS, COUNT_BOUNDS, LATENCY_BOUNDS_S};
 
 /// Told, in log order, when a submitted op became durable and when its index rows
 /// were written to the metadata store.
@@ -85,6 +85,11 @@ pub struct WalStats {
     pub flush_ops: Histogram,
     /// Bytes accepted and waiting for an upload to start.
     pub queued_bytes: AtomicU64,
+    /// Per object, from its oldest op entering the buffer until its upload started.
+    pub batch_wait_seconds: Histogram,
+    /// Per object, from its oldest op entering the buffer until the object was
+    /// durable with every object before it (what that op's append waited for).
+    pub commit_seconds: Histogram,
 }
 
 impl Default for WalStats {
@@ -98,6 +103,8 @@ impl Default for WalStats {
             flush_bytes: Histogram::new(BYTES_BOUNDS),
             flush_ops: Histogram::new(COUNT_BOUNDS),
             queued_bytes: AtomicU64::new(0),
+            batch_wait_seconds: Histogram::new(LATENCY_BOUNDS_S),
+            commit_seconds: Histogram::new(LATENCY_BOUNDS_S),
         }
     }
 }
@@ -106,6 +113,9 @@ struct Buffer {
     subs: Vec<Submission>,
     bytes: usize,
     closed: bool,
+    /// When the oldest op in `subs` entered (read from the clock only when an op
+    /// enters an empty buffer).
+    since: Option<Instant>,
 }
 
 struct Shared {
@@ -137,6 +147,7 @@ impl Wal {
                 subs: Vec::new(),
                 bytes: 0,
                 closed: false,
+                since: None,
             }),
             wake: Notify::new(),
             health,
@@ -173,6 +184,9 @@ impl Wal {
                     "write backlog is full (object store slower than the append rate); retry later"
                         .into(),
                 ));
+            }
+            if buf.subs.is_empty() {
+                buf.since = Some(Instant::now());
             }
             buf.bytes += size;
             buf.subs.push(sub);
@@ -251,6 +265,7 @@ struct Encoded {
     seq: u64,
     bytes: usize,
     chunks: Vec<FlushedChunk>,
+    since: Option<Instant>,
 }
 
 impl Writer {
@@ -309,7 +324,7 @@ impl Writer {
     }
 
     fn start_flush(&mut self) -> Upload {
-        let subs = {
+        let (subs, since) = {
             let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
             let max = self.shared.config.flush_bytes_max;
             let mut taken = 0;
@@ -328,8 +343,21 @@ impl Writer {
                 .queued_bytes
                 .store(buf.bytes as u64, Ordering::Relaxed);
             let rest = buf.subs.split_off(n);
-            std::mem::replace(&mut buf.subs, rest)
+            // What stays behind (a backlog past one object) counts from now: an
+            // underestimate of its wait, and only when the store lags far behind.
+            let since = if rest.is_empty() {
+                buf.since.take()
+            } else {
+                buf.since.replace(Instant::now())
+            };
+            (std::mem::replace(&mut buf.subs, rest), since)
         };
+        if let Some(since) = since {
+            self.shared
+                .stats
+                .batch_wait_seconds
+                .observe(since.elapsed().as_secs_f64());
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.last_put = Some(Instant::now());
@@ -345,6 +373,7 @@ impl Writer {
                 seq,
                 bytes: len,
                 chunks,
+                since,
             })
         })
     }
@@ -353,6 +382,9 @@ impl Writer {
         let stats = &self.shared.stats;
         stats.objects_written.fetch_add(1, Ordering::Relaxed);
         stats.flush_bytes.observe(encoded.bytes as f64);
+        if let Some(since) = encoded.since {
+            stats.commit_seconds.observe(since.elapsed().as_secs_f64());
+        }
         let ops: usize = encoded.chunks.iter().map(|c| c.ops.len()).sum();
         stats.flush_ops.observe(ops as f64);
         let records: usize = encoded
@@ -390,6 +422,7 @@ impl Writer {
         let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
         buf.subs.clear();
         buf.bytes = 0;
+        buf.since = None;
         buf.closed = true;
         self.shared.stats.queued_bytes.store(0, Ordering::Relaxed);
     }
