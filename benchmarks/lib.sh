@@ -116,6 +116,6 @@ machine_note() {
   if [ -n "${PICOMQ_BIN:-}" ]; then
     echo "picomq:  $PICOMQ_BIN (${PICOMQ_BUILD:-build not described})"
   else
-    echo "picomq:  built from $(git -C "$REPO" rev-parse --short HEAD) $(git -C "$REPO" diff --quiet || echo '(with uncommitted changes)')"
+    echo "picomq:  built from $(git -C "$REPO" rev-parse --short HEAD) $(git -C "$REPO" diff --quiet -- . ':!benchmarks/results' || echo '(with uncommitted changes)')"
   fi
 }

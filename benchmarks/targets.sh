@@ -36,16 +36,24 @@ run_set() { # TAG [serve flags...]
   # shellcheck disable=SC2086
   bench "$JSON/$tag-batched.json" "$port" "$tag 100B x10 x4 streams" $BATCHED
   # Live delivery at half the maximum measured above, same shape, one SSE reader
-  # per stream.
+  # per stream. Two readings of "the maximum": the append maximum without readers
+  # (`live`), and the maximum of this same workload with its 64 readers attached
+  # (`live-max`, closed loop), whose half is `live-half`.
   local max half
   max=$(fig "$JSON/$tag-many.json" append.records_per_s)
   half=$(node -e "console.log(Math.max(1, Math.round($max / 2)))")
   # shellcheck disable=SC2086
   bench "$JSON/$tag-live.json" "$port" "$tag live at half max" $MANY --rate "$half" --live sse
+  # shellcheck disable=SC2086
+  bench "$JSON/$tag-live-max.json" "$port" "$tag live, max with readers" $MANY --live sse
+  max=$(fig "$JSON/$tag-live-max.json" append.records_per_s)
+  half=$(node -e "console.log(Math.max(1, Math.round($max / 2)))")
+  # shellcheck disable=SC2086
+  bench "$JSON/$tag-live-half.json" "$port" "$tag live at half its own max" $MANY --rate "$half" --live sse
   stop_server
   {
     echo "## $tag: picomq serve $*"
-    for r in lone many batched live; do
+    for r in lone many batched live live-max live-half; do
       echo "### $r: $(fig "$JSON/$tag-$r.json" label)"
       node -e '
         const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))
@@ -56,6 +64,7 @@ run_set() { # TAG [serve flags...]
         console.log(`ack ms: p50 ${f(l.p50)} p90 ${f(l.p90)} p99 ${f(l.p99)} p99.9 ${f(l.p999)} max ${f(l.max)}`)
         if (e) console.log(`e2e ms: p50 ${f(e.p50)} p90 ${f(e.p90)} p99 ${f(e.p99)} p99.9 ${f(e.p999)} max ${f(e.max)}`)
         console.log(`server: store PUT mean ${f(s.store_put_ms_mean, 3)} ms, PUTs/s ${f(s.store_puts_per_s, 1)}, PUTs per 1,000 records ${f(s.store_puts_per_1000_records, 3)}, CPU ${f(s.cpu_s)} s, RSS peak ${f(s.rss_mb_peak_sampled, 1)} MiB; client ${f(r.client.cpu_cores_busy)} cores busy`)
+        if (s.append_ms_p50 != null) console.log(`server ms (from /metrics buckets): append p50 ${f(s.append_ms_p50)} p99 ${f(s.append_ms_p99)}, WAL commit p50 ${f(s.wal_commit_ms_p50)} p99 ${f(s.wal_commit_ms_p99)}, store PUT p99 ${f(s.store_put_ms_p99)}`)
         console.log(`load (1 min): ${f(r.machine.load_1m_before)} before, ${f(r.machine.load_1m_after)} after`)
       ' "$JSON/$tag-$r.json"
       echo
