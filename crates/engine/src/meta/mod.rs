@@ -45,7 +45,26 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../migrations/sqlite/0004_retention.sql"),
     ),
+    (
+        5,
+        include_str!("../../migrations/sqlite/0005_drop_chunks_by_age.sql"),
+    ),
 ];
+/// [`Meta::retention_candidates`]: `?1` now (ms), `?2` the name to start after, `?3`
+/// how many. MATERIALIZED: `kept` is computed once per stream, not per row it bounds.
+const RETENTION_CANDIDATES_SQL: &str = "WITH candidates AS MATERIALIZED (
+     SELECT s.id, s.name, s.start_pos,
+         (SELECT k.start_pos FROM chunks k
+             WHERE k.stream_id = s.id AND k.last_ts_ms >= ?1 - s.retention_secs * 1000
+             ORDER BY k.start_pos LIMIT 1) AS kept
+     FROM streams s
+     WHERE s.retention_secs IS NOT NULL AND s.soft_deleted = 0 AND s.name > ?2
+     ORDER BY s.name LIMIT ?3)
+ SELECT name, start_pos, (SELECT c.end_pos FROM chunks c
+     WHERE c.stream_id = id AND c.start_pos < COALESCE(kept, 9223372036854775807)
+     ORDER BY c.start_pos DESC LIMIT 1)
+ FROM candidates ORDER BY name";
+
 /// The schema version this binary writes: the last migration.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
@@ -463,27 +482,24 @@ impl Meta {
     }
 
     /// Streams with an age retention after `after` (name order), at most `limit`:
-    /// each one's name, current start, and the end of its newest index row whose last
-    /// record is older than the retention at `now_ms` (`None`: nothing is). Timestamps
-    /// grow along a stream, so that row's end is where the expired prefix ends.
+    /// each one's name, current start, and where its expired prefix ends at `now_ms`
+    /// (`None`: nothing expired). The prefix is the rows before the first one whose
+    /// last record is within the retention: timestamps grow along a stream, so both
+    /// lookups walk the primary key from the stream's first row and stop, reading the
+    /// expired rows and one more. Were a clock to step back, a newer row out of order
+    /// would end the prefix early: data is kept longer, never trimmed early.
     pub async fn retention_candidates(
         &self,
         now_ms: u64,
         after: &str,
         limit: u32,
     ) -> Result<Vec<(String, Offset, Option<Offset>)>> {
-        let rows = sqlx::query(
-            "SELECT s.name, s.start_pos, (SELECT MAX(c.end_pos) FROM chunks c
-                 WHERE c.stream_id = s.id AND c.last_ts_ms < ?1 - s.retention_secs * 1000)
-             FROM streams s
-             WHERE s.retention_secs IS NOT NULL AND s.soft_deleted = 0 AND s.name > ?2
-             ORDER BY s.name LIMIT ?3",
-        )
-        .bind(now_ms as i64)
-        .bind(after)
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(RETENTION_CANDIDATES_SQL)
+            .bind(now_ms as i64)
+            .bind(after)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows
             .iter()
             .map(|r| {
@@ -1105,6 +1121,65 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    /// Retention reads a stream's expired prefix through the primary key alone (no
+    /// index on age), and a row out of timestamp order ends the prefix: kept longer,
+    /// never trimmed early.
+    #[tokio::test]
+    async fn retention_finds_the_expired_prefix_by_primary_key() {
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let setup = vec![
+            create("s"),
+            Op::SetRetention { secs: Some(1) },
+            Op::Append(append(0, 3, 10)),
+        ];
+        meta.apply(&[
+            object(0, vec![(1, setup)]),
+            object(1, vec![(1, vec![Op::Append(append(3, 3, 20))])]),
+            // Out of order (a clock stepped back): this row is older than the one
+            // before it.
+            object(2, vec![(1, vec![Op::Append(append(6, 3, 5))])]),
+            object(3, vec![(1, vec![Op::Append(append(9, 3, 2_000))])]),
+        ])
+        .await
+        .unwrap();
+        let found = |now| {
+            let meta = meta.clone();
+            async move { meta.retention_candidates(now, "", 10).await.unwrap() }
+        };
+        let s = |end: Option<u64>| vec![("s".to_string(), Offset(0), end.map(Offset))];
+        assert_eq!(found(1_005).await, s(None), "nothing is a second old");
+        assert_eq!(found(1_015).await, s(Some(3)), "the first row expired");
+        // The second row expired too; the third is older still but comes after it.
+        assert_eq!(found(1_025).await, s(Some(9)));
+        // With the third kept by its neighbour until both are old enough.
+        assert_eq!(found(1_018).await, s(Some(3)));
+        assert_eq!(found(9_999).await, s(Some(12)), "every row expired");
+
+        let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {RETENTION_CANDIDATES_SQL}"
+        )))
+        .bind(1_025_i64)
+        .bind("")
+        .bind(10_i64)
+        .fetch_all(&meta.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<String, _>(3))
+        .collect();
+        for lookup in [
+            "SEARCH k USING PRIMARY KEY (stream_id=?)",
+            "SEARCH c USING PRIMARY KEY (stream_id=? AND start_pos<?)",
+        ] {
+            assert!(plan.iter().any(|p| p == lookup), "{lookup}: {plan:?}");
+        }
+        let scans = |p: &String| {
+            let words: Vec<&str> = p.split_whitespace().take(2).collect();
+            words == ["SCAN", "c"] || words == ["SCAN", "k"]
+        };
+        assert!(!plan.iter().any(scans), "{plan:?}");
     }
 
     #[tokio::test]
