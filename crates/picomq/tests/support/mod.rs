@@ -195,7 +195,10 @@ impl Server {
     pub async fn wait_ready(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
-            if let Ok(r) = self.client.get("/readyz").await {
+            // Each probe is bounded: one CI run hung here for minutes with no socket
+            // open to the server (cause not found; it never reproduced in 23 runs).
+            let probe = tokio::time::timeout(Duration::from_secs(2), self.client.get("/readyz"));
+            if let Ok(Ok(r)) = probe.await {
                 if r.status.as_u16() == 200 {
                     return;
                 }
