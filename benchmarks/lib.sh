@@ -31,7 +31,7 @@ build_picomq() {
     log "building picomq (release)"
     (cd "$REPO" && cargo build --release -p picomq >&2)
     # A private copy: a rebuild during the run must not swap the binary under us.
-    cp "$REPO/target/release/picomq" "$WORK/picomq"
+    cp "${CARGO_TARGET_DIR:-$REPO/target}/release/picomq" "$WORK/picomq"
     PICOMQ="$WORK/picomq"
   fi
 }
