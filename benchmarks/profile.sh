@@ -48,21 +48,27 @@ perf script -i "$WORK/perf.data" 2>/dev/null | "$INFERNO/bin/inferno-collapse-pe
     console.log(`bench: ${Math.round(r.append.records_per_s)} records/s over the whole run, ack p99 ${r.append.ack_latency_ms.p99.toFixed(1)} ms; server CPU ${(s.cpu_s ?? 0).toFixed(1)} s`)
   ' "$WORK/bench.json"
   echo
-  echo "Inclusive share of samples (a frame counted once per stack it appears in), top 60:"
   python3 - "$WORK/folded.txt" <<'PY'
 import sys, collections
 total = 0
-incl = collections.Counter()
+incl, leaf = collections.Counter(), collections.Counter()
 for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
     stack, _, n = line.rstrip("\n").rpartition(" ")
     if not n.isdigit():
         continue
     n = int(n)
     total += n
-    for frame in set(stack.split(";")):
+    frames = stack.split(";")
+    leaf[frames[-1]] += n
+    for frame in set(frames):
         incl[frame] += n
-for frame, n in incl.most_common(60):
+print("Self share (the frame on CPU), top 30:")
+for frame, n in leaf.most_common(30):
     print(f"{100 * n / total:6.2f}%  {frame[:160]}")
-print(f"\n{total} samples")
+print("\nInclusive share (frame anywhere in the stack), top 60 below 70% (above it: thread")
+print("starts and the runtime's task harness):")
+shown = [(f, n) for f, n in incl.most_common() if n < 0.7 * total][:60]
+for frame, n in shown:
+    print(f"{100 * n / total:6.2f}%  {frame[:160]}")
 PY
 } | tee "$RESULTS/profile-$NAME.txt"
