@@ -36,7 +36,8 @@ wait "$bench_pid"
 stop_server
 log "folding stacks (perf script; this takes a minute)"
 perf script -i "$WORK/perf.data" 2>/dev/null | "$INFERNO/bin/inferno-collapse-perf" > "$WORK/folded.txt"
-"$INFERNO/bin/inferno-flamegraph" --title "picomq serve: $NAME ($WORKLOAD)" \
+# Frames narrower than 0.5 px are left out: ~300 KB instead of 2 MB.
+"$INFERNO/bin/inferno-flamegraph" --minwidth 0.5 --title "picomq serve: $NAME ($WORKLOAD)" \
   < "$WORK/folded.txt" > "$RESULTS/profile-$NAME.svg"
 {
   echo "# picomq serve under picomq bench $WORKLOAD"
