@@ -1123,6 +1123,11 @@ mod tests {
             .is_empty());
     }
 
+    /// The detail column of `EXPLAIN QUERY PLAN` rows.
+    fn plan_details(rows: Vec<sqlx::sqlite::SqliteRow>) -> Vec<String> {
+        rows.iter().map(|r| r.get::<String, _>(3)).collect()
+    }
+
     /// Retention reads a stream's expired prefix through the primary key alone (no
     /// index on age), and a row out of timestamp order ends the prefix: kept longer,
     /// never trimmed early.
@@ -1157,7 +1162,7 @@ mod tests {
         assert_eq!(found(1_018).await, s(Some(3)));
         assert_eq!(found(9_999).await, s(Some(12)), "every row expired");
 
-        let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let plan = sqlx::query(sqlx::AssertSqlSafe(format!(
             "EXPLAIN QUERY PLAN {RETENTION_CANDIDATES_SQL}"
         )))
         .bind(1_025_i64)
@@ -1165,10 +1170,8 @@ mod tests {
         .bind(10_i64)
         .fetch_all(&meta.pool)
         .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<String, _>(3))
-        .collect();
+        .map(plan_details)
+        .unwrap();
         for lookup in [
             "SEARCH k USING PRIMARY KEY (stream_id=?)",
             "SEARCH c USING PRIMARY KEY (stream_id=? AND start_pos<?)",
@@ -1198,13 +1201,7 @@ mod tests {
             for id in 0..n as i64 {
                 q = q.bind(id).bind(1_i64).bind(2_i64);
             }
-            let plan: Vec<String> = q
-                .fetch_all(&meta.pool)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>(3))
-                .collect();
+            let plan = q.fetch_all(&meta.pool).await.map(plan_details).unwrap();
             assert!(
                 plan.iter()
                     .any(|p| p.contains("streams USING INTEGER PRIMARY KEY")),
