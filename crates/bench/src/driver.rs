@@ -257,7 +257,10 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
             break;
         }
         let path = &ctx.paths[(k % ctx.paths.len() as u64) as usize];
-        let body = ctx.template.render(now_us());
+        // Records carry the instant they were due, so end-to-end latency counts from
+        // the same start as the acknowledgement: under --rate, time a record waited in
+        // the client for an in-flight slot behind a slow server is charged to it too.
+        let body = ctx.template.render(scheduled_us);
         let result = lane.post(path, &ctx.ct, body).await;
         let acked_us = now_us();
         match result {
