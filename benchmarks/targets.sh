@@ -77,7 +77,7 @@ run_set() { # TAG [serve flags...]
   machine_note
   echo
   # The yardstick of the lone-append target, on the disk the servers use.
-  python3 "$BENCH_DIR/store-write.py" "$WORK/store-write" 100
+  python3 "$BENCH_DIR/store-write.py" "$(mktemp -d "$WORK/store-write.XXXXXX")" 100
   echo
 } | tee "$OUT"
 run_set default
