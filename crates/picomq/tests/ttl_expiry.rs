@@ -83,9 +83,12 @@ async fn dormant_streams_expire_without_being_touched() {
     let dir = TempDir::new("ttl-dormant");
     let server = Server::start(dir.path(), &["--dormancy", "100ms"]).await;
     let c = &server.client;
-    let expires_at = time_in(Duration::from_secs(1));
+    // Whole seconds, truncated: 2 to 3 s from now. Both lapse well after the first
+    // check below has seen all three (with `now + 1s` the expiry could land a few ms
+    // out and the stream vanish before the count ever read 3).
+    let expires_at = time_in(Duration::from_secs(3));
     for (name, header, value) in [
-        ("/ttl/dormant-ttl", "stream-ttl", "1".to_string()),
+        ("/ttl/dormant-ttl", "stream-ttl", "2".to_string()),
         ("/ttl/dormant-at", "stream-expires-at", expires_at),
         ("/ttl/alive", "stream-ttl", "3600".to_string()),
     ] {
@@ -110,7 +113,7 @@ async fn dormant_streams_expire_without_being_touched() {
     })
     .await;
     assert!(
-        started.elapsed() >= Duration::from_millis(500),
+        started.elapsed() >= Duration::from_millis(1500),
         "expired too early"
     );
     assert_eq!(c.head("/ttl/alive").await.unwrap().status.as_u16(), 200);
