@@ -62,6 +62,8 @@ run_set() { # TAG [serve flags...]
         console.log(`settings: ${w.record_bytes} B x ${w.records_per_request}/request, ${w.streams} streams, ${w.in_flight} in flight, rate ${w.target_records_per_s ?? "max"}, ${w.duration_s}s (+${w.warmup_s}s warm-up), live ${w.live}`)
         console.log(`append: ${f(a.records_per_s, 0)} records/s, ${f(a.mib_per_s, 1)} MiB/s, errors ${a.errors}`)
         console.log(`ack ms: p50 ${f(l.p50)} p90 ${f(l.p90)} p99 ${f(l.p99)} p99.9 ${f(l.p999)} max ${f(l.max)}`)
+        const g = a.send_lag_ms, t = a.from_send_ms
+        if (g && t) console.log(`  send lag ms (due -> sent): p50 ${f(g.p50)} p99 ${f(g.p99)} max ${f(g.max)}; from send ms: p50 ${f(t.p50)} p99 ${f(t.p99)} max ${f(t.max)}`)
         if (e) console.log(`e2e ms: p50 ${f(e.p50)} p90 ${f(e.p90)} p99 ${f(e.p99)} p99.9 ${f(e.p999)} max ${f(e.max)}`)
         console.log(`server: store PUT mean ${f(s.store_put_ms_mean, 3)} ms, PUTs/s ${f(s.store_puts_per_s, 1)}, PUTs per 1,000 records ${f(s.store_puts_per_1000_records, 3)}, CPU ${f(s.cpu_s)} s, RSS peak ${f(s.rss_mb_peak_sampled, 1)} MiB; client ${f(r.client.cpu_cores_busy)} cores busy`)
         if (s.append_ms_p50 != null) console.log(`server ms (from /metrics buckets): append p50 ${f(s.append_ms_p50)} p99 ${f(s.append_ms_p99)}, WAL commit p50 ${f(s.wal_commit_ms_p50)} p99 ${f(s.wal_commit_ms_p99)}, store PUT p99 ${f(s.store_put_ms_p99)}`)

@@ -261,6 +261,7 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
         // the same start as the acknowledgement: under --rate, time a record waited in
         // the client for an in-flight slot behind a slow server is charged to it too.
         let body = ctx.template.render(scheduled_us);
+        let sent_us = now_us();
         let result = lane.post(path, &ctx.ct, body).await;
         let acked_us = now_us();
         match result {
@@ -277,6 +278,11 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
                 }
                 if scheduled_us >= from_us {
                     ctx.stats.ack.record(task, acked_us - scheduled_us);
+                    if ctx.pacer.is_some() {
+                        let sent_us = sent_us.max(scheduled_us);
+                        ctx.stats.send_lag.record(task, sent_us - scheduled_us);
+                        ctx.stats.from_send.record(task, acked_us - sent_us);
+                    }
                 }
             }
             Ok(status) => {
@@ -414,6 +420,8 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
         errors: stats.errors.total(),
         error_kinds: stats.errors.kinds(),
         ack_latency_ms: Latency::from_us(&stats.ack.merged()),
+        send_lag_ms: requests_per_s.map(|_| Latency::from_us(&stats.send_lag.merged())),
+        from_send_ms: requests_per_s.map(|_| Latency::from_us(&stats.from_send.merged())),
     });
     if w.readers > 0 {
         report.end_to_end = Some(EndToEndReport {

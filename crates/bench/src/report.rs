@@ -107,6 +107,13 @@ pub struct AppendReport {
     pub error_kinds: BTreeMap<String, u64>,
     /// From the (scheduled, with --rate) send to the acknowledgement.
     pub ack_latency_ms: Latency,
+    /// With --rate: from when a request was due until the client sent it. Large when
+    /// every in-flight slot is taken or the client waits for a core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send_lag_ms: Option<Latency>,
+    /// With --rate: from the actual send to the acknowledgement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_send_ms: Option<Latency>,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -313,6 +320,10 @@ impl Report {
                 }
             );
             let _ = writeln!(o, "ack:        {}", a.ack_latency_ms.line());
+            if let (Some(lag), Some(sent)) = (&a.send_lag_ms, &a.from_send_ms) {
+                let _ = writeln!(o, "  send lag: {}", lag.line());
+                let _ = writeln!(o, "  from send:{}", sent.line());
+            }
         }
         if let Some(e) = &self.end_to_end {
             let _ = writeln!(

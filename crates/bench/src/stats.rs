@@ -84,6 +84,11 @@ pub struct Stats {
     pub errors: Errors,
     /// Requests sent in the window, from their (scheduled) send to their ack.
     pub ack: Recorder,
+    /// Under --rate, the same requests split in two: from when each was due until the
+    /// client sent it (waiting for an in-flight slot or for a core), and from that
+    /// send to the ack (what the server and the network took).
+    pub send_lag: Recorder,
+    pub from_send: Recorder,
     /// Records seen by live readers, in total and those sent in the window.
     pub live_records: AtomicU64,
     pub e2e: Recorder,

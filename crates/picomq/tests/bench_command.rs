@@ -96,6 +96,59 @@ async fn a_short_append_run_reports_acked_records_and_costs() {
     assert!(s["vm_hwm_mb"].as_f64().unwrap() > 0.0);
 }
 
+/// Under --rate the acknowledgement latency is split into the client's send lag and
+/// the time from the send: per request the two add up, so their means do too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_run_splits_the_ack_into_send_lag_and_from_send() {
+    let dir = TempDir::new("bench-rate");
+    let server = Server::start(dir.path(), &[]).await;
+    let url = format!("{}/v1/stream", server.url);
+    let report = bench(&[
+        &url,
+        "--duration",
+        "2s",
+        "--warmup",
+        "300ms",
+        "--streams",
+        "2",
+        "--in-flight",
+        "4",
+        "--rate",
+        "200",
+    ]);
+    let append = &report["append"];
+    assert_eq!(append["errors"], 0, "{report:#}");
+    let (ack, lag, sent) = (
+        &append["ack_latency_ms"],
+        &append["send_lag_ms"],
+        &append["from_send_ms"],
+    );
+    let count = ack["count"].as_u64().unwrap();
+    assert!(count > 100, "{report:#}");
+    assert_eq!(lag["count"].as_u64(), Some(count), "{report:#}");
+    assert_eq!(sent["count"].as_u64(), Some(count), "{report:#}");
+    let mean = |l: &serde_json::Value| l["mean"].as_f64().unwrap();
+    let parts = mean(lag) + mean(sent);
+    assert!(
+        (mean(ack) - parts).abs() <= 0.01 * mean(ack) + 0.01,
+        "ack mean {} vs send lag + from send {parts}: {report:#}",
+        mean(ack)
+    );
+    assert!(sent["max"].as_f64() <= ack["max"].as_f64());
+
+    // Closed loop: nothing is due before it is sent, so there is no split.
+    let closed = bench(&[
+        &url,
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--streams",
+        "2",
+    ]);
+    assert!(closed["append"].get("send_lag_ms").is_none(), "{closed:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_create_workload_creates_every_stream_and_probes_some() {
     let dir = TempDir::new("bench-create");
