@@ -9,7 +9,9 @@
 //!
 //! One thread sleeps with the OS's high-resolution timer (typically 50-100 µs late)
 //! and hands out one permit per request that has come due; writers take a permit,
-//! then the next request number.
+//! then the next request number. It sleeps at least [`RELEASE_QUANTUM_US`] at a time, so
+//! at high rates it releases a few requests per wake-up instead of waking (and waking
+//! a writer's worker thread) for each one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +59,13 @@ impl Drop for Pacer {
 /// Longest sleep of the pacer thread, so that it notices a dropped [`Pacer`].
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// Shortest sleep of the pacer thread, in microseconds. Above 4,000 requests/s a
+/// request may be released up to this late, and that lateness is charged to the
+/// server like any other. At 16,000 live appends/s (64 SSE readers) a wake-up per
+/// request cost the client 0.55 cores against 0.45 with this quantum (four runs
+/// each), while the median send lag rose 0.22 -> 0.34 ms.
+const RELEASE_QUANTUM_US: u64 = 250;
+
 /// When request `k` is due.
 pub fn due_at(start_us: u64, k: u64, requests_per_s: f64) -> u64 {
     start_us + (k as f64 * 1e6 / requests_per_s) as u64
@@ -79,7 +88,7 @@ fn release(due: &Semaphore, start_us: u64, end_us: u64, requests_per_s: f64) {
             released = count;
         }
         let wake = due_at(start_us, released, requests_per_s).min(end_us);
-        let wait = Duration::from_micros(wake.saturating_sub(now_us()).max(1));
+        let wait = Duration::from_micros(wake.saturating_sub(now_us()).max(RELEASE_QUANTUM_US));
         std::thread::sleep(wait.min(POLL_MAX));
     }
     due.close();
@@ -91,19 +100,23 @@ mod tests {
 
     #[tokio::test]
     async fn releases_no_request_early_and_none_past_the_end() {
-        // 2,000 requests/s for 50 ms: at most 100 due, none before its time.
-        let start = now_us() + 2_000;
-        let end = start + 50_000;
-        let pacer = Pacer::start(start, end, 2_000.0);
-        let mut k = 0;
-        while pacer.next().await {
-            let at = due_at(start, k, 2_000.0);
-            let now = now_us();
-            assert!(now >= at, "request {k} released {} µs early", at - now);
-            k += 1;
+        // 50 ms at 2,000 requests/s (one wake-up per request) and at 40,000/s (several
+        // per wake-up): at most 100 and 2,000 due, none before its time.
+        for rate in [2_000.0, 40_000.0] {
+            let start = now_us() + 2_000;
+            let end = start + 50_000;
+            let pacer = Pacer::start(start, end, rate);
+            let mut k = 0u64;
+            while pacer.next().await {
+                let at = due_at(start, k, rate);
+                let now = now_us();
+                assert!(now >= at, "request {k} released {} µs early", at - now);
+                k += 1;
+            }
+            // Permits not taken before the end are dropped with the schedule.
+            let due = (rate * 0.05) as u64;
+            assert!((1..=due).contains(&k), "{k} requests released at {rate}/s");
+            assert!(now_us() >= end);
         }
-        // Permits not taken before the end are dropped with the schedule.
-        assert!((1..=100).contains(&k), "{k} requests released");
-        assert!(now_us() >= end);
     }
 }
