@@ -212,3 +212,49 @@ async fn reads_from_a_failing_store_fail_instead_of_shortening() {
     assert!(failed > 0, "no read hit an injected failure");
     assert!(ok > 0, "no read succeeded: the comparison proves nothing");
 }
+
+/// `overlap_after`: while a slow upload is in flight, the next batch gets an upload of
+/// its own once the newest has run that long, instead of waiting for it; without it,
+/// one upload at a time. Acknowledgements keep the log's order either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_upload_is_overlapped_only_when_configured() {
+    for overlap in [None, Some(Duration::from_millis(50))] {
+        let tag = if overlap.is_some() {
+            "overlap"
+        } else {
+            "one-at-a-time"
+        };
+        let (store, faults) = FaultyStore::new(s3_store(tag));
+        let mut config = fast_config();
+        config.wal.overlap_after = overlap;
+        // A 600 ms upload is slow, not hanging.
+        config.wal.store_down_after = Duration::from_secs(10);
+        let engine = Arc::new(open_engine(config, store).await);
+        create(&engine, "o", "text/plain").await;
+        faults.set_latency(Duration::from_millis(600));
+        faults.max_puts_in_flight.store(0, Ordering::Relaxed);
+        let first = tokio::spawn({
+            let engine = engine.clone();
+            async move {
+                engine.append(append_req("o", "first\n")).await.unwrap();
+                Instant::now()
+            }
+        });
+        // Well inside the first upload, and past `overlap_after`.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        engine.append(append_req("o", "second\n")).await.unwrap();
+        let second_acked = Instant::now();
+        let first_acked = first.await.unwrap();
+        assert!(first_acked <= second_acked, "acknowledged out of order");
+        let most = faults.max_puts_in_flight.load(Ordering::Relaxed);
+        match overlap {
+            Some(_) => assert_eq!(most, 2, "the second batch waited for the first upload"),
+            None => assert_eq!(most, 1, "uploads overlapped without overlap_after"),
+        }
+        faults.set_latency(Duration::ZERO);
+        assert_eq!(
+            read_all(&engine, "o", 1 << 20).await.unwrap(),
+            b"first\nsecond\n"
+        );
+    }
+}

@@ -39,6 +39,9 @@ pub struct FaultControl {
     hang: AtomicBool,
     pub injected_errors: AtomicU64,
     pub requests: AtomicU64,
+    /// PUTs under way now, and the most seen at once (reset it to watch a window).
+    puts_in_flight: AtomicU64,
+    pub max_puts_in_flight: AtomicU64,
 }
 
 impl FaultControl {
@@ -88,6 +91,23 @@ impl FaultControl {
     }
 }
 
+/// Counts one PUT in flight until dropped (also when the caller gives up on it).
+struct PutInFlight<'a>(&'a FaultControl);
+
+impl<'a> PutInFlight<'a> {
+    fn enter(control: &'a FaultControl) -> Self {
+        let now = control.puts_in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        control.max_puts_in_flight.fetch_max(now, Ordering::AcqRel);
+        PutInFlight(control)
+    }
+}
+
+impl Drop for PutInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.puts_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
@@ -121,6 +141,7 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        let _counted = PutInFlight::enter(&self.control);
         self.control.inject(OpKind::Put).await?;
         self.inner.put_opts(location, payload, opts).await
     }

@@ -4,7 +4,8 @@
 //! enter the log in offset order). One task drains the buffer into WAL objects:
 //! - nothing in flight: flush at once, so a lone append pays one PUT and no delay;
 //! - uploads in flight: keep accumulating, and start another upload only when
-//!   `pipeline_bytes_min` is buffered and fewer than `uploads_in_flight_max` run;
+//!   `pipeline_bytes_min` is buffered, or (with `overlap_after`) the newest upload
+//!   has run that long, and fewer than `uploads_in_flight_max` run;
 //! - an optional write budget spaces PUTs at least `1/max_writes_per_sec` apart;
 //!   under the budget nothing waits, at the budget batches grow instead.
 //!
@@ -161,6 +162,7 @@ impl Wal {
             next_seq: first_seq,
             indexer,
             last_put: None,
+            newest_upload: None,
         };
         let task = tokio::spawn(writer.run());
         Wal {
@@ -256,6 +258,8 @@ struct Writer {
     next_seq: u64,
     indexer: mpsc::Sender<FlushedObject>,
     last_put: Option<Instant>,
+    /// When the newest upload in flight started (`None` when none is in flight).
+    newest_upload: Option<Instant>,
 }
 
 type Upload = JoinHandle<Result<Encoded, ()>>;
@@ -281,15 +285,25 @@ impl Writer {
                 (buf.bytes, buf.closed)
             };
             let budget_wait = self.budget_wait();
+            let room = inflight.len() < self.shared.config.uploads_in_flight_max;
+            // How long until the newest upload has run `overlap_after` (zero: now).
+            let overlap_wait = match (self.shared.config.overlap_after, self.newest_upload) {
+                (Some(after), Some(started)) if buffered > 0 && room => {
+                    Some(after.saturating_sub(started.elapsed()))
+                }
+                _ => None,
+            };
             let may_start = buffered > 0
-                && inflight.len() < self.shared.config.uploads_in_flight_max
+                && room
                 && (inflight.is_empty()
                     || buffered >= self.shared.config.pipeline_bytes_min
+                    || overlap_wait == Some(Duration::ZERO)
                     || closed)
                 && budget_wait.is_none();
             if may_start {
                 let upload = self.start_flush();
                 inflight.push_back(upload);
+                self.newest_upload = Some(Instant::now());
                 continue;
             }
             if closed && buffered == 0 && inflight.is_empty() {
@@ -300,7 +314,12 @@ impl Writer {
                 _ = self.shared.wake.notified() => {}
                 done = inflight.next(), if !inflight.is_empty() => {
                     match done {
-                        Some(Ok(Ok(encoded))) => self.complete(encoded).await,
+                        Some(Ok(Ok(encoded))) => {
+                            if inflight.is_empty() {
+                                self.newest_upload = None;
+                            }
+                            self.complete(encoded).await
+                        }
                         _ => {
                             // Fenced (or the upload task died): acknowledge nothing more.
                             self.shared.health.send_replace(WalHealth::Fenced);
@@ -310,6 +329,8 @@ impl Writer {
                     }
                 }
                 _ = tokio::time::sleep(budget_wait.unwrap_or(Duration::ZERO)), if budget_wait.is_some() && buffered > 0 => {}
+                // (Under the budget its own sleep wakes the loop.)
+                _ = tokio::time::sleep(overlap_wait.unwrap_or(Duration::ZERO)), if overlap_wait.is_some() && budget_wait.is_none() => {}
             }
         }
     }
