@@ -108,6 +108,26 @@ bench() {
     --server-pid "$SERVER_PID" --output json "$@" >"$out"
 }
 
+# md_table: tab-separated rows on stdin (the first is the header) -> a Markdown table
+# with padded columns.
+md_table() {
+  awk -F'\t' '
+    { for (i = 1; i <= NF; i++) { cell[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
+      if (NF > cols) cols = NF }
+    END {
+      for (r = 1; r <= NR; r++) {
+        line = "|"
+        for (i = 1; i <= cols; i++) line = line sprintf(" %-*s |", w[i], cell[r, i])
+        print line
+        if (r == 1) {
+          line = "|"
+          for (i = 1; i <= cols; i++) { d = sprintf("%*s", w[i], ""); gsub(/ /, "-", d); line = line " " d " |" }
+          print line
+        }
+      }
+    }'
+}
+
 machine_note() {
   echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "machine: $(nproc) cpus, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"

@@ -49,17 +49,12 @@ node -e '
   const rows = process.argv.slice(1).map(p => JSON.parse(require("fs").readFileSync(p, "utf8")))
   const f = (v, d = 1) => v == null ? "-" : (+v).toFixed(d)
   const head = ["run", "rec/s", "ack p50", "ack p99", "e2e p99", "PUTs/s", "PUTs/1k rec", "server us/rec"]
-  const out = [head]
+  console.log(head.join("\t"))
   for (const r of rows) {
     const a = r.append, e = (r.end_to_end || {}).latency_ms || {}, s = r.server || {}
-    out.push([r.label, f(a.records_per_s, 0), f(a.ack_latency_ms.p50), f(a.ack_latency_ms.p99), f(e.p99),
-      f(s.store_puts_per_s), f(s.store_puts_per_1000_records, 2), f(s.cpu_s_per_million_records)])
+    console.log([r.label, f(a.records_per_s, 0), f(a.ack_latency_ms.p50), f(a.ack_latency_ms.p99), f(e.p99),
+      f(s.store_puts_per_s), f(s.store_puts_per_1000_records, 2), f(s.cpu_s_per_million_records)].join("\t"))
   }
-  const w = head.map((_, i) => Math.max(...out.map(row => String(row[i]).length)))
-  for (const [n, row] of out.entries()) {
-    console.log("| " + row.map((c, i) => String(c).padEnd(w[i])).join(" | ") + " |")
-    if (n === 0) console.log("| " + w.map(x => "-".repeat(x)).join(" | ") + " |")
-  }
-  console.log("\n(milliseconds; PUTs/s counts every object-store PUT)")
-' "${files[@]}" | tee -a "$OUT"
+' "${files[@]}" | md_table | tee -a "$OUT"
+printf '\n(milliseconds; PUTs/s counts every object-store PUT)\n' | tee -a "$OUT"
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
