@@ -14,7 +14,8 @@ pub struct WalConfig {
     pub uploads_in_flight_max: usize,
     /// While uploads are in flight, also start another once the newest has run this
     /// long (and something is buffered). Trades PUTs for commit latency where PUTs
-    /// are independent (S3: at 20 ms per request, p99 48 -> 36 ms for 2.2x the PUTs);
+    /// are independent (S3, 20 ms per request, 10 ms: ack p99 47 -> 35 ms for 2.2x the
+    /// PUTs, benchmarks/overlap.sh);
     /// on a local disk concurrent fsyncs slow each other, so `None` (off) by default.
     pub overlap_after: Option<Duration>,
     /// Bytes accepted but not yet durable; past this, appends get 503 (back-pressure).
