@@ -3,6 +3,7 @@
 //!
 //! - `fault`: a fault-injecting wrapper for tests and benchmarks;
 //! - `instrumented`: counts requests, bytes, latency and estimated cost per store;
+//! - `local_log`: the local store's WAL objects, packed into preallocated log files;
 //! - `routed`: sends WAL objects to their own store (`--wal-store`).
 
 use std::path::Path;
@@ -21,6 +22,7 @@ use crate::error::{EngineError, Result};
 
 pub mod fault;
 pub mod instrumented;
+pub mod local_log;
 pub mod routed;
 
 /// Opens the object store named by `url`:
@@ -96,7 +98,8 @@ pub fn remove_abandoned_uploads(url: &str, older_than: Duration) -> std::io::Res
     Ok(deleted)
 }
 
-/// A durable local-directory store rooted at `dir` (created if missing).
+/// A durable local-directory store rooted at `dir` (created if missing): WAL keys
+/// in log files under `dir/wal-log` (`local_log`), every other key a file.
 pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
     std::fs::create_dir_all(dir).map_err(|e| {
         EngineError::Unavailable(format!(
@@ -104,10 +107,17 @@ pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
             dir.display()
         ))
     })?;
-    let fs = LocalFileSystem::new_with_prefix(dir)
-        .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?
-        .with_fsync(true);
-    Ok(Arc::new(fs))
+    let files = || -> Result<Arc<dyn ObjectStore>> {
+        let fs = LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?
+            .with_fsync(true);
+        Ok(Arc::new(fs))
+    };
+    let log = local_log::LocalLogStore::open(&dir.join(routed::LOCAL_LOG_DIR), files()?, dir)
+        .map_err(|e| {
+            EngineError::Unavailable(format!("cannot open the WAL log in {}: {e}", dir.display()))
+        })?;
+    Ok(Arc::new(routed::RoutedStore::new(files()?, Arc::new(log))))
 }
 
 /// The client's own retries stay short: the WAL retries a failing upload forever

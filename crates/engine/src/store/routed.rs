@@ -21,7 +21,12 @@ use object_store::{
 };
 
 /// Top-level key prefixes that live in the WAL store.
-pub const WAL_PREFIXES: &[&str] = &["wal", "epochs"];
+pub const WAL_PREFIXES: &[&str] = &["wal", "epochs", LOCAL_LOG_DIR];
+
+/// Where a `file://` store keeps its WAL log files (`local_log`): not objects, so
+/// never listed as the data store's, and a key under it is looked up in the WAL store
+/// (which holds no such key).
+pub const LOCAL_LOG_DIR: &str = "wal-log";
 
 #[derive(Debug)]
 pub struct RoutedStore {
@@ -127,8 +132,19 @@ impl ObjectStore for RoutedStore {
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         match prefix {
             Some(p) => self.route(p).list(Some(p)),
-            // The whole bucket: both stores, data first.
-            None => self.data.list(None).chain(self.wal.list(None)).boxed(),
+            // The whole bucket: both stores, data first. The data store's keys under
+            // the WAL prefixes are not its own (a local store's WAL log files).
+            None => self
+                .data
+                .list(None)
+                .filter(|meta| {
+                    let wal = meta
+                        .as_ref()
+                        .is_ok_and(|m| RoutedStore::is_wal(&m.location));
+                    futures::future::ready(!wal)
+                })
+                .chain(self.wal.list(None))
+                .boxed(),
         }
     }
 
