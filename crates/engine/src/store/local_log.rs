@@ -305,6 +305,97 @@ fn create_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<File> {
     Ok(f)
 }
 
+impl State {
+    fn empty() -> State {
+        State {
+            index: BTreeMap::new(),
+            pending: HashSet::new(),
+            logs: HashMap::new(),
+            active: None,
+            spare: None,
+            preparing: false,
+            next_id: 1,
+            stale: Vec::new(),
+            writer: None,
+        }
+    }
+}
+
+/// `DIR/LOCK`, locked for writing, or `None` if another process holds it.
+fn try_lock(dir: &FsPath) -> std::io::Result<Option<File>> {
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(Some(lock)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Reads every log in `dir` into an index of the live objects.
+fn load(dir: &FsPath) -> std::io::Result<State> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(id) = name
+            .strip_suffix(".log")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    let mut state = State::empty();
+    state.next_id = ids.last().map_or(1, |id| id + 1);
+    for id in ids {
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(log_path(dir, id))
+        {
+            Ok(f) => f,
+            // Removed by the process writing the directory since we listed it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let Some(scanned) = scan(&file, id)? else {
+            continue;
+        };
+        let mut log = Log {
+            file: Arc::new(file),
+            capacity: scanned.capacity,
+            write_at: scanned.end,
+            live: 0,
+            in_flight: 0,
+            sealed: scanned.sealed,
+            retired: true,
+            poisoned: false,
+        };
+        for (path, loc, entry_state) in scanned.entries {
+            if entry_state != LIVE {
+                continue;
+            }
+            // A key written twice (an overwrite interrupted before the old entry
+            // was marked deleted): the later entry wins.
+            if let Some(old) = state.index.insert(path, loc) {
+                if let Some(l) = state.logs.get_mut(&old.log) {
+                    l.live -= 1;
+                } else {
+                    log.live -= 1;
+                }
+                state.stale.push(old);
+            }
+            log.live += 1;
+        }
+        state.logs.insert(id, log);
+    }
+    Ok(state)
+}
+
 impl LocalLogStore {
     /// Opens (creating if missing) the log directory `dir`, reading every log in it.
     /// `legacy` is where WAL objects were files before (the store's root).
@@ -324,83 +415,27 @@ impl LocalLogStore {
     ) -> std::io::Result<LocalLogStore> {
         assert!(segment_bytes > LOG_HEADER + ENTRY_HEADER);
         std::fs::create_dir_all(dir)?;
-        let mut ids = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let name = entry?.file_name();
-            let name = name.to_string_lossy();
-            if let Some(id) = name
-                .strip_suffix(".log")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable();
-        let mut state = State {
-            index: BTreeMap::new(),
-            pending: HashSet::new(),
-            logs: HashMap::new(),
-            active: None,
-            spare: None,
-            preparing: false,
-            next_id: ids.last().map_or(1, |id| id + 1),
-            stale: Vec::new(),
-            writer: None,
-        };
-        for id in ids {
-            let file = match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(log_path(dir, id))
-            {
-                Ok(f) => f,
-                // Removed by the process writing the directory since we listed it.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            let Some(scanned) = scan(&file, id)? else {
-                continue;
-            };
-            let mut log = Log {
-                file: Arc::new(file),
-                capacity: scanned.capacity,
-                write_at: scanned.end,
-                live: 0,
-                in_flight: 0,
-                sealed: scanned.sealed,
-                retired: true,
-                poisoned: false,
-            };
-            for (path, loc, entry_state) in scanned.entries {
-                if entry_state != LIVE {
-                    continue;
-                }
-                // A key written twice (an overwrite interrupted before the old entry
-                // was marked deleted): the later entry wins.
-                if let Some(old) = state.index.insert(path, loc) {
-                    if let Some(l) = state.logs.get_mut(&old.log) {
-                        l.live -= 1;
-                    } else {
-                        log.live -= 1;
-                    }
-                    state.stale.push(old);
-                }
-                log.live += 1;
-            }
-            state.logs.insert(id, log);
-        }
+        // The write lock first, when free, so that what is read next is not changed
+        // by another writer before this process writes.
+        let lock = try_lock(dir)?;
+        let mut state = load(dir)?;
         let legacy_present = ["wal", "epochs"]
             .iter()
             .any(|p| legacy_root.join(p).exists());
-        Ok(LocalLogStore {
+        let store = LocalLogStore {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 segment_bytes,
                 legacy,
                 legacy_present,
-                state: Mutex::new(state),
+                state: Mutex::new(State::empty()),
             }),
-        })
+        };
+        if let Some(lock) = lock {
+            store.take_over(&mut state, lock)?;
+        }
+        *store.state() = state;
+        Ok(store)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -418,28 +453,30 @@ impl LocalLogStore {
         }
     }
 
-    /// Takes the directory's write lock (once), and on that first write removes the
-    /// logs with nothing live left and seals the ones an earlier process left open.
+    /// Takes the directory's write lock, if this process opened the store while
+    /// another was writing it: reads the directory afresh (the other process may
+    /// have written since), then takes over.
     fn become_writer(&self, state: &mut State) -> object_store::Result<()> {
         if state.writer.is_some() {
             return Ok(());
         }
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.inner.dir.join("LOCK"))
-            .map_err(generic)?;
-        lock.try_lock().map_err(|_| {
+        let lock = try_lock(&self.inner.dir).map_err(generic)?.ok_or_else(|| {
             generic(format!(
                 "{} is being written by another process",
                 self.inner.dir.display()
             ))
         })?;
+        *state = load(&self.inner.dir).map_err(generic)?;
+        self.take_over(state, lock).map_err(generic)
+    }
+
+    /// Becomes the directory's writer: removes what a crashed writer left half done
+    /// (logs being prepared, the older copy of a key written twice), removes logs
+    /// with nothing live, and seals the logs it left unsealed.
+    fn take_over(&self, state: &mut State, lock: File) -> std::io::Result<()> {
         state.writer = Some(lock);
-        // Logs a crashed process was still preparing.
-        for entry in std::fs::read_dir(&self.inner.dir).map_err(generic)? {
-            let entry = entry.map_err(generic)?;
+        for entry in std::fs::read_dir(&self.inner.dir)? {
+            let entry = entry?;
             if entry.file_name().to_string_lossy().ends_with(".log.tmp") {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -448,8 +485,7 @@ impl LocalLogStore {
             let log = &state.logs[&stale.log];
             log.file
                 .write_all_at(&[DELETED], stale.entry_at + STATE_AT)
-                .and_then(|()| log.file.sync_data())
-                .map_err(generic)?;
+                .and_then(|()| log.file.sync_data())?;
         }
         let ids: Vec<u64> = state.logs.keys().copied().collect();
         for id in ids {
@@ -462,15 +498,12 @@ impl LocalLogStore {
                 // (a write torn by a crash). Its magic is cleared first, so that once
                 // sealed (headers only are read) it still ends the log.
                 if log.write_at + 4 <= log.capacity {
-                    log.file
-                        .write_all_at(&[0; 4], log.write_at)
-                        .map_err(generic)?;
+                    log.file.write_all_at(&[0; 4], log.write_at)?;
                 }
-                seal(log).map_err(generic)?;
+                seal(log)?;
                 state.logs.get_mut(&id).unwrap().sealed = true;
             }
         }
-        self.prepare_spare(state);
         Ok(())
     }
 
@@ -590,7 +623,9 @@ impl LocalLogStore {
             log.sealed = true;
         }
         if let Some(old) = state.index.insert(path.clone(), loc) {
-            self.delete_entry(&mut state, old)?;
+            let file = self.delete_entry(&mut state, old)?;
+            drop(state);
+            file.sync_data().map_err(generic)?;
         }
         Ok(loc)
     }
@@ -636,7 +671,9 @@ impl LocalLogStore {
             written_ms,
         };
         if let Some(old) = state.index.insert(path.clone(), loc) {
-            self.delete_entry(&mut state, old)?;
+            let file = self.delete_entry(&mut state, old)?;
+            drop(state);
+            file.sync_data().map_err(generic)?;
         }
         Ok(loc)
     }
@@ -656,19 +693,20 @@ impl LocalLogStore {
         Ok(())
     }
 
-    /// Marks `loc` deleted on disk and syncs; removes its log once nothing in it is
-    /// live. Blocking.
-    fn delete_entry(&self, state: &mut State, loc: Loc) -> object_store::Result<()> {
+    /// Marks `loc` deleted on disk and removes its log once nothing in it is live.
+    /// Returns the log file, for the caller to sync once it has let go of the state
+    /// (a sync under the lock would hold up every write). Blocking.
+    fn delete_entry(&self, state: &mut State, loc: Loc) -> object_store::Result<Arc<File>> {
         let log = state.logs.get_mut(&loc.log).unwrap();
         log.file
             .write_all_at(&[DELETED], loc.entry_at + STATE_AT)
-            .and_then(|()| log.file.sync_data())
             .map_err(generic)?;
         log.live -= 1;
+        let file = log.file.clone();
         if log.live == 0 && log.retired && log.in_flight == 0 {
             self.remove_log(state, loc.log);
         }
-        Ok(())
+        Ok(file)
     }
 
     fn remove_log(&self, state: &mut State, id: u64) {
@@ -680,12 +718,13 @@ impl LocalLogStore {
 
     fn delete_blocking(&self, path: &Path) -> object_store::Result<bool> {
         let mut state = self.state();
-        let Some(loc) = state.index.get(path).copied() else {
+        self.become_writer(&mut state)?;
+        let Some(loc) = state.index.remove(path) else {
             return Ok(false);
         };
-        self.become_writer(&mut state)?;
-        state.index.remove(path);
-        self.delete_entry(&mut state, loc)?;
+        let file = self.delete_entry(&mut state, loc)?;
+        drop(state);
+        file.sync_data().map_err(generic)?;
         Ok(true)
     }
 
@@ -1129,9 +1168,26 @@ mod tests {
         assert_eq!(keys(&reader).await, vec![key(1).to_string()]);
         let err = reader.put(&key(2), body(2, 100).into()).await.unwrap_err();
         assert!(err.to_string().contains("another process"), "{err}");
+        // Written after the reader read the directory.
+        writer.put(&key(3), body(3, 100).into()).await.unwrap();
         drop(writer);
-        let second = dir.open(1 << 20);
-        second.put(&key(2), body(2, 100).into()).await.unwrap();
+        // The reader may write now, and reads the directory afresh first: it keeps
+        // the writer's last object and writes after it.
+        reader.put(&key(4), body(4, 100).into()).await.unwrap();
+        assert_eq!(
+            keys(&reader).await,
+            vec![key(1).to_string(), key(3).to_string(), key(4).to_string()]
+        );
+        drop(reader);
+        let again = dir.open(1 << 20);
+        assert_eq!(
+            again.get(&key(3)).await.unwrap().bytes().await.unwrap(),
+            body(3, 100)
+        );
+        assert_eq!(
+            again.get(&key(4)).await.unwrap().bytes().await.unwrap(),
+            body(4, 100)
+        );
     }
 
     #[tokio::test]
