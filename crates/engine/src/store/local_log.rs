@@ -34,10 +34,11 @@
 //! entries are all deleted is removed. Entries carry their log's id, so a log file can
 //! never be mistaken for another.
 //!
-//! One process writes a log directory (`DIR/LOCK`, taken at its first write); others
-//! may open it to read, and see the objects durable when they opened it. Objects
+//! One process writes a log directory (`DIR/LOCK`, taken when the store opens, or at
+//! its first write if another process held it then, reading the directory afresh);
+//! others may open it to read, and see the objects durable when they opened it. Objects
 //! written as files by earlier versions (`legacy`) stay readable, listable and
-//! deletable.
+//! deletable: they are listed once when the store opens.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -117,6 +118,9 @@ struct State {
     /// Older copies of keys written twice, found when opening: marked deleted on the
     /// first write.
     stale: Vec<Loc>,
+    /// WAL objects that earlier versions wrote as files under the store's root, read
+    /// through `legacy`. Listed once when opening: a create checks them without I/O.
+    legacy: BTreeMap<Path, ObjectMeta>,
     /// The write lock on `DIR/LOCK`, once this process has written.
     writer: Option<File>,
 }
@@ -125,8 +129,7 @@ struct Inner {
     dir: PathBuf,
     segment_bytes: u64,
     legacy: Arc<dyn ObjectStore>,
-    /// Whether `legacy` held any WAL key when opened (else it is not consulted).
-    legacy_present: bool,
+    legacy_root: PathBuf,
     state: Mutex<State>,
 }
 
@@ -316,9 +319,62 @@ impl State {
             preparing: false,
             next_id: 1,
             stale: Vec::new(),
+            legacy: BTreeMap::new(),
             writer: None,
         }
     }
+}
+
+/// The WAL objects (`wal/`, `epochs/`) stored as files under `root`, as
+/// object_store's `LocalFileSystem` names them (staging files, `KEY#N`, left out).
+fn legacy_files(root: &FsPath) -> std::io::Result<BTreeMap<Path, ObjectMeta>> {
+    let mut found = BTreeMap::new();
+    let mut dirs: Vec<PathBuf> = ["wal", "epochs"].iter().map(|p| root.join(p)).collect();
+    while let Some(dir) = dirs.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+                continue;
+            }
+            if !kind.is_file() || entry.file_name().to_string_lossy().contains('#') {
+                continue;
+            }
+            let path = entry.path();
+            let Some(key) = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(|rel| rel.to_str())
+                .and_then(|rel| Path::parse(rel).ok())
+            else {
+                continue;
+            };
+            let meta = entry.metadata()?;
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as i64);
+            found.insert(
+                key.clone(),
+                ObjectMeta {
+                    location: key,
+                    last_modified: chrono::DateTime::from_timestamp_millis(modified)
+                        .unwrap_or_default(),
+                    size: meta.len(),
+                    e_tag: None,
+                    version: None,
+                },
+            );
+        }
+    }
+    Ok(found)
 }
 
 /// `DIR/LOCK`, locked for writing, or `None` if another process holds it.
@@ -335,8 +391,9 @@ fn try_lock(dir: &FsPath) -> std::io::Result<Option<File>> {
     }
 }
 
-/// Reads every log in `dir` into an index of the live objects.
-fn load(dir: &FsPath) -> std::io::Result<State> {
+/// Reads every log in `dir` into an index of the live objects, and lists the WAL
+/// files under `legacy_root`.
+fn load(dir: &FsPath, legacy_root: &FsPath) -> std::io::Result<State> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
@@ -351,6 +408,7 @@ fn load(dir: &FsPath) -> std::io::Result<State> {
     ids.sort_unstable();
     let mut state = State::empty();
     state.next_id = ids.last().map_or(1, |id| id + 1);
+    state.legacy = legacy_files(legacy_root)?;
     for id in ids {
         let file = match OpenOptions::new()
             .read(true)
@@ -418,16 +476,13 @@ impl LocalLogStore {
         // The write lock first, when free, so that what is read next is not changed
         // by another writer before this process writes.
         let lock = try_lock(dir)?;
-        let mut state = load(dir)?;
-        let legacy_present = ["wal", "epochs"]
-            .iter()
-            .any(|p| legacy_root.join(p).exists());
+        let mut state = load(dir, legacy_root)?;
         let store = LocalLogStore {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 segment_bytes,
                 legacy,
-                legacy_present,
+                legacy_root: legacy_root.to_path_buf(),
                 state: Mutex::new(State::empty()),
             }),
         };
@@ -466,7 +521,7 @@ impl LocalLogStore {
                 self.inner.dir.display()
             ))
         })?;
-        *state = load(&self.inner.dir).map_err(generic)?;
+        *state = load(&self.inner.dir, &self.inner.legacy_root).map_err(generic)?;
         self.take_over(state, lock).map_err(generic)
     }
 
@@ -550,7 +605,9 @@ impl LocalLogStore {
         let mut state = self.state();
         self.become_writer(&mut state)?;
         if matches!(mode, PutMode::Create)
-            && (state.index.contains_key(path) || state.pending.contains(path))
+            && (state.index.contains_key(path)
+                || state.pending.contains(path)
+                || state.legacy.contains_key(path))
         {
             return Err(object_store::Error::AlreadyExists {
                 path: key.to_string(),
@@ -716,16 +773,19 @@ impl LocalLogStore {
         }
     }
 
+    /// Deletes `path` from the logs; `true` if it is (also) a legacy file, which the
+    /// caller deletes through `legacy`.
     fn delete_blocking(&self, path: &Path) -> object_store::Result<bool> {
         let mut state = self.state();
         self.become_writer(&mut state)?;
+        let legacy = state.legacy.remove(path).is_some();
         let Some(loc) = state.index.remove(path) else {
-            return Ok(false);
+            return Ok(legacy);
         };
         let file = self.delete_entry(&mut state, loc)?;
         drop(state);
         file.sync_data().map_err(generic)?;
-        Ok(true)
+        Ok(legacy)
     }
 
     fn read_blocking(
@@ -747,14 +807,26 @@ impl LocalLogStore {
         )
     }
 
+    /// Objects under `prefix`, in key order: the logs', then legacy files not
+    /// overwritten in a log.
     fn listed(&self, prefix: Option<&Path>) -> Vec<ObjectMeta> {
+        let under = |k: &Path| prefix.is_none_or(|p| k.prefix_match(p).is_some());
         let state = self.state();
-        state
+        let mut all: Vec<ObjectMeta> = state
             .index
             .iter()
-            .filter(|(k, _)| prefix.is_none_or(|p| k.prefix_match(p).is_some()))
+            .filter(|(k, _)| under(k))
             .map(|(k, loc)| Self::meta(k, loc))
-            .collect()
+            .collect();
+        all.extend(
+            state
+                .legacy
+                .iter()
+                .filter(|(k, _)| under(k) && !state.index.contains_key(*k))
+                .map(|(_, meta)| meta.clone()),
+        );
+        all.sort_by(|a, b| a.location.cmp(&b.location));
+        all
     }
 }
 
@@ -806,15 +878,6 @@ impl ObjectStore for LocalLogStore {
                 implementer: STORE.into(),
             });
         }
-        if matches!(opts.mode, PutMode::Create)
-            && self.inner.legacy_present
-            && self.inner.legacy.head(location).await.is_ok()
-        {
-            return Err(object_store::Error::AlreadyExists {
-                path: location.to_string(),
-                source: "the object exists".into(),
-            });
-        }
         let this = self.clone();
         let path = location.clone();
         let loc = blocking(move || {
@@ -845,15 +908,18 @@ impl ObjectStore for LocalLogStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let meta = {
+        let (meta, legacy) = {
             let state = self.state();
-            state
-                .index
-                .get(location)
-                .map(|loc| Self::meta(location, loc))
+            (
+                state
+                    .index
+                    .get(location)
+                    .map(|loc| Self::meta(location, loc)),
+                state.legacy.contains_key(location),
+            )
         };
         let Some(meta) = meta else {
-            if self.inner.legacy_present {
+            if legacy {
                 return self.inner.legacy.get_opts(location, options).await;
             }
             return Err(not_found(location));
@@ -904,8 +970,8 @@ impl ObjectStore for LocalLogStore {
                     let location = location?;
                     let path = location.clone();
                     let inner = this.clone();
-                    let found = blocking(move || inner.delete_blocking(&path)).await?;
-                    if !found && this.inner.legacy_present {
+                    let legacy = blocking(move || inner.delete_blocking(&path)).await?;
+                    if legacy {
                         this.inner.legacy.delete(&location).await?;
                     }
                     Ok(location)
@@ -915,22 +981,7 @@ impl ObjectStore for LocalLogStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let ours = stream::iter(self.listed(prefix).into_iter().map(Ok));
-        if !self.inner.legacy_present {
-            return ours.boxed();
-        }
-        // Legacy WAL files: only under the WAL prefixes (the legacy root also holds
-        // the data store's objects).
-        let legacy = match prefix {
-            Some(p) => self.inner.legacy.list(Some(p)),
-            None => {
-                let l = self.inner.legacy.clone();
-                stream::iter(["wal", "epochs"])
-                    .flat_map(move |p| l.list(Some(&Path::from(p))))
-                    .boxed()
-            }
-        };
-        ours.chain(legacy).boxed()
+        stream::iter(self.listed(prefix).into_iter().map(Ok)).boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
@@ -954,11 +1005,6 @@ impl ObjectStore for LocalLogStore {
                 }
                 None => objects.push(meta),
             }
-        }
-        if self.inner.legacy_present && prefix.is_some() {
-            let legacy = self.inner.legacy.list_with_delimiter(prefix).await?;
-            common_prefixes.extend(legacy.common_prefixes);
-            objects.extend(legacy.objects);
         }
         Ok(ListResult {
             common_prefixes: common_prefixes.into_iter().collect(),
@@ -1215,5 +1261,9 @@ mod tests {
         );
         store.delete(&key(1)).await.unwrap();
         assert_eq!(keys(&store).await, vec![key(2).to_string()]);
+        drop(store);
+        let store = dir.open(1 << 20);
+        assert_eq!(keys(&store).await, vec![key(2).to_string()]);
+        assert!(!dir.0.join(key(1).as_ref()).exists());
     }
 }
