@@ -329,51 +329,39 @@ impl State {
 /// object_store's `LocalFileSystem` names them (staging files, `KEY#N`, left out).
 fn legacy_files(root: &FsPath) -> std::io::Result<BTreeMap<Path, ObjectMeta>> {
     let mut found = BTreeMap::new();
-    let mut dirs: Vec<PathBuf> = ["wal", "epochs"].iter().map(|p| root.join(p)).collect();
-    while let Some(dir) = dirs.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                dirs.push(entry.path());
-                continue;
-            }
-            if !kind.is_file() || entry.file_name().to_string_lossy().contains('#') {
-                continue;
-            }
-            let path = entry.path();
-            let Some(key) = path
-                .strip_prefix(root)
-                .ok()
-                .and_then(|rel| rel.to_str())
-                .and_then(|rel| Path::parse(rel).ok())
-            else {
-                continue;
-            };
-            let meta = entry.metadata()?;
-            let modified = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_millis() as i64);
-            found.insert(
-                key.clone(),
-                ObjectMeta {
-                    location: key,
-                    last_modified: chrono::DateTime::from_timestamp_millis(modified)
-                        .unwrap_or_default(),
-                    size: meta.len(),
-                    e_tag: None,
-                    version: None,
-                },
-            );
+    let roots = ["wal", "epochs"].iter().map(|p| root.join(p)).collect();
+    super::walk_files(roots, |entry| {
+        if entry.file_name().to_string_lossy().contains('#') {
+            return Ok(());
         }
-    }
+        let path = entry.path();
+        let Some(key) = path
+            .strip_prefix(root)
+            .ok()
+            .and_then(|rel| rel.to_str())
+            .and_then(|rel| Path::parse(rel).ok())
+        else {
+            return Ok(());
+        };
+        let meta = entry.metadata()?;
+        let modified = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as i64);
+        found.insert(
+            key.clone(),
+            ObjectMeta {
+                location: key,
+                last_modified: chrono::DateTime::from_timestamp_millis(modified)
+                    .unwrap_or_default(),
+                size: meta.len(),
+                e_tag: None,
+                version: None,
+            },
+        );
+        Ok(())
+    })?;
     Ok(found)
 }
 

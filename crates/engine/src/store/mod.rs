@@ -66,7 +66,31 @@ pub fn remove_abandoned_uploads(url: &str, older_than: Duration) -> std::io::Res
         return Ok(0);
     };
     let mut deleted = 0;
-    let mut dirs = vec![std::path::PathBuf::from(root)];
+    walk_files(vec![std::path::PathBuf::from(root)], |entry| {
+        let staging = entry.file_name().to_string_lossy().contains('#');
+        let old = entry
+            .metadata()?
+            .modified()?
+            .elapsed()
+            .is_ok_and(|age| age >= older_than);
+        if staging && old {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => deleted += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })?;
+    Ok(deleted)
+}
+
+/// Calls `f` with every regular file under the directories `roots` (recursively;
+/// a root or directory that does not exist, or vanishes meanwhile, is skipped).
+fn walk_files(
+    mut dirs: Vec<std::path::PathBuf>,
+    mut f: impl FnMut(&std::fs::DirEntry) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     while let Some(dir) = dirs.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
@@ -78,24 +102,12 @@ pub fn remove_abandoned_uploads(url: &str, older_than: Duration) -> std::io::Res
             let kind = entry.file_type()?;
             if kind.is_dir() {
                 dirs.push(entry.path());
-                continue;
-            }
-            let staging = entry.file_name().to_string_lossy().contains('#');
-            let old = entry
-                .metadata()?
-                .modified()?
-                .elapsed()
-                .is_ok_and(|age| age >= older_than);
-            if kind.is_file() && staging && old {
-                match std::fs::remove_file(entry.path()) {
-                    Ok(()) => deleted += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
+            } else if kind.is_file() {
+                f(&entry)?;
             }
         }
     }
-    Ok(deleted)
+    Ok(())
 }
 
 /// A durable local-directory store rooted at `dir` (created if missing): WAL keys
