@@ -1224,6 +1224,81 @@ mod tests {
         );
     }
 
+    /// Random puts, creates, deletes and reopenings, some of them concurrent, against
+    /// a model: the store holds exactly what the model says, before and after every
+    /// reopening, across log rollovers and removals.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn behaves_like_a_map_through_random_operations_and_reopenings() {
+        let dir = Dir::new("model");
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut model: BTreeMap<String, Bytes> = BTreeMap::new();
+        let mut store = dir.open(16 << 10);
+        for round in 0..40 {
+            // A burst of concurrent creates of fresh keys (what the WAL does).
+            let fresh: Vec<u64> = (0..rng.usize(1..8))
+                .map(|i| 1_000 * round + i as u64)
+                .collect();
+            let writes = fresh.iter().map(|&n| {
+                let store = store.clone();
+                let data = body(n, rng.usize(0..3_000));
+                async move {
+                    store
+                        .put_opts(&key(n), data.clone().into(), PutMode::Create.into())
+                        .await
+                        .map(|_| (key(n).to_string(), data))
+                }
+            });
+            for written in futures::future::join_all(writes).await {
+                let (k, data) = written.unwrap();
+                model.insert(k, data);
+            }
+            // Deletes and overwrites of random existing keys.
+            for _ in 0..rng.usize(0..6) {
+                let Some(k) = model.keys().nth(rng.usize(0..model.len().max(1))).cloned() else {
+                    break;
+                };
+                if rng.bool() {
+                    store.delete(&Path::from(k.as_str())).await.unwrap();
+                    model.remove(&k);
+                } else {
+                    let data = body(rng.u64(..), rng.usize(0..2_000));
+                    store
+                        .put(&Path::from(k.as_str()), data.clone().into())
+                        .await
+                        .unwrap();
+                    model.insert(k, data);
+                }
+            }
+            if rng.usize(0..4) == 0 {
+                drop(store);
+                store = dir.open(16 << 10);
+            }
+            assert_eq!(
+                keys(&store).await,
+                model.keys().cloned().collect::<Vec<_>>()
+            );
+            for (k, data) in &model {
+                let got = store.get(&Path::from(k.as_str())).await.unwrap();
+                assert_eq!(&got.bytes().await.unwrap(), data, "{k}");
+            }
+        }
+        // Logs whose objects are all gone were removed: what is left holds the model.
+        let live: u64 = model.values().map(|d| d.len() as u64 + 100).sum();
+        let on_disk: u64 = dir
+            .logs()
+            .iter()
+            .map(|n| {
+                std::fs::metadata(dir.0.join("wal-log").join(n))
+                    .unwrap()
+                    .len()
+            })
+            .sum();
+        assert!(
+            on_disk <= live * 4 + (64 << 10),
+            "{on_disk} bytes of logs for {live} live"
+        );
+    }
+
     #[tokio::test]
     async fn wal_files_of_earlier_versions_stay_readable() {
         let dir = Dir::new("legacy");
