@@ -183,22 +183,29 @@ fn entry_len(key_len: usize, data_len: u64) -> u64 {
     pad8(ENTRY_HEADER + key_len as u64 + data_len)
 }
 
-fn encode_entry(log: u64, key: &str, data: &[u8], written_ms: i64) -> Vec<u8> {
-    let mut e = Vec::with_capacity(entry_len(key.len(), data.len() as u64) as usize);
+/// An entry's header and key; its data follows them (and zeros pad it to 8 bytes:
+/// the log is sparse, its unwritten bytes read as zeros).
+fn encode_head(log: u64, key: &str, data_len: u64, data_crc: u32, written_ms: i64) -> Vec<u8> {
+    let mut e = Vec::with_capacity(ENTRY_HEADER as usize + key.len());
     e.extend_from_slice(ENTRY_MAGIC);
     e.push(LIVE);
     e.extend_from_slice(&(key.len() as u16).to_le_bytes());
     e.push(0);
     e.extend_from_slice(&log.to_le_bytes());
-    e.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    e.extend_from_slice(&data_len.to_le_bytes());
     e.extend_from_slice(&written_ms.to_le_bytes());
-    e.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    e.extend_from_slice(&data_crc.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&e[5..36]), key.as_bytes());
     e.extend_from_slice(&crc.to_le_bytes());
     e.extend_from_slice(key.as_bytes());
-    e.extend_from_slice(data);
-    e.resize(entry_len(key.len(), data.len() as u64) as usize, 0);
     e
+}
+
+/// Writes an entry at `at`: its head, then its data in place (not copied behind the
+/// head first: WAL objects run to megabytes).
+fn write_entry(file: &File, at: u64, head: &[u8], data: &[u8]) -> std::io::Result<()> {
+    file.write_all_at(head, at)?;
+    file.write_all_at(data, at + head.len() as u64)
 }
 
 fn sync_dir(dir: &FsPath) -> std::io::Result<()> {
@@ -590,6 +597,8 @@ impl LocalLogStore {
             return Err(generic(format!("key longer than {MAX_KEY} bytes")));
         }
         let len = entry_len(key.len(), data.len() as u64);
+        // Before the lock: the checksum of a large object takes a while.
+        let data_crc = crc32c::crc32c(data);
         let mut state = self.state();
         self.become_writer(&mut state)?;
         if matches!(mode, PutMode::Create)
@@ -632,12 +641,12 @@ impl LocalLogStore {
             }
         };
         let written_ms = now_ms();
-        let entry = encode_entry(id, key, data, written_ms);
+        let head = encode_head(id, key, data.len() as u64, data_crc, written_ms);
         let log = state.logs.get_mut(&id).unwrap();
         let at = log.write_at;
         // Written under the lock, so entries reach the file in offset order and a
         // sync covers every entry before the one it follows.
-        log.file.write_all_at(&entry, at).map_err(generic)?;
+        write_entry(&log.file, at, &head, data).map_err(generic)?;
         log.write_at += len;
         log.in_flight += 1;
         let file = log.file.clone();
@@ -684,13 +693,13 @@ impl LocalLogStore {
         state.pending.insert(path.clone());
         drop(state);
         let written_ms = now_ms();
-        let entry = encode_entry(id, key, data, written_ms);
-        let made =
-            create_log(&self.inner.dir, id, LOG_HEADER + entry.len() as u64).and_then(|file| {
-                file.write_all_at(&entry, LOG_HEADER)?;
-                file.sync_data()?;
-                Ok(file)
-            });
+        let head = encode_head(id, key, data.len() as u64, crc32c::crc32c(data), written_ms);
+        let capacity = LOG_HEADER + entry_len(key.len(), data.len() as u64);
+        let made = create_log(&self.inner.dir, id, capacity).and_then(|file| {
+            write_entry(&file, LOG_HEADER, &head, data)?;
+            file.sync_data()?;
+            Ok(file)
+        });
         let mut state = self.state();
         state.pending.remove(path);
         let file = made.map_err(generic)?;
@@ -702,7 +711,7 @@ impl LocalLogStore {
                 source: "the object exists".into(),
             });
         }
-        let mut log = new_log(file, LOG_HEADER + entry.len() as u64);
+        let mut log = new_log(file, capacity);
         log.write_at = log.capacity;
         log.live = 1;
         log.retired = true;
