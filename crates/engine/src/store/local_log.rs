@@ -48,7 +48,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -71,6 +71,8 @@ const LIVE: u8 = 1;
 const DELETED: u8 = 2;
 /// Keys longer than this are refused (WAL keys are ~34 bytes).
 const MAX_KEY: usize = 1024;
+/// How long a first write waits for another holder of the write lock to let go.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Default size of one log file.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
@@ -111,8 +113,10 @@ struct State {
     pending: HashSet<Path>,
     logs: HashMap<u64, Log>,
     active: Option<u64>,
-    /// A prepared log waiting to become active.
-    spare: Option<u64>,
+    /// A log made in the background, not yet named: the writer names it when it
+    /// takes it (only the writer decides which ids exist, and the background thread
+    /// must not hold the store, and so its write lock, while it works).
+    spare: Option<(u64, u64, NewLog)>,
     preparing: bool,
     next_id: u64,
     /// Older copies of keys written twice, found when opening: marked deleted on the
@@ -292,27 +296,47 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
     }))
 }
 
-/// Creates log `id`, `capacity` bytes long (sparse: its blocks are allocated as it is
-/// written), synced with its directory, so that writing into it later needs no new
-/// inode or name. Built under a temporary name and renamed, so a crash never leaves a
-/// half-made log under a log's name.
-fn create_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<File> {
-    let tmp = dir.join(format!("{id:020}.log.tmp"));
-    let mut f = OpenOptions::new()
+/// A log being made, written and synced under a temporary name of its own.
+struct NewLog {
+    tmp: PathBuf,
+    file: File,
+}
+
+/// Makes log `id`, `capacity` bytes long (sparse: its blocks are allocated as it is
+/// written), synced, under a temporary name unique to this call (two processes, or a
+/// store and the one reopened after it, may make the same id at once).
+fn make_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<NewLog> {
+    let tmp = dir.join(format!(
+        "{id:020}.log.tmp-{}-{:016x}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let mut file = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .open(&tmp)?;
     let mut head = vec![0u8; LOG_HEADER as usize];
     head[..8].copy_from_slice(LOG_MAGIC);
     head[8..16].copy_from_slice(&id.to_le_bytes());
-    f.write_all(&head)?;
-    f.set_len(capacity)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, log_path(dir, id))?;
+    file.write_all(&head)?;
+    file.set_len(capacity)?;
+    file.sync_all()?;
+    Ok(NewLog { tmp, file })
+}
+
+/// Gives a made log its name and syncs the directory: from here on a write into it
+/// needs no new inode or name. Only the directory's writer may do this (it decides
+/// which ids exist), so a crash never leaves a half-made log under a log's name.
+fn publish(dir: &FsPath, id: u64, new: NewLog) -> std::io::Result<File> {
+    std::fs::rename(&new.tmp, log_path(dir, id))?;
     sync_dir(dir)?;
-    Ok(f)
+    Ok(new.file)
+}
+
+/// Makes and names log `id`; the caller is the directory's writer.
+fn create_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<File> {
+    publish(dir, id, make_log(dir, id, capacity)?)
 }
 
 impl State {
@@ -510,12 +534,20 @@ impl LocalLogStore {
         if state.writer.is_some() {
             return Ok(());
         }
-        let lock = try_lock(&self.inner.dir).map_err(generic)?.ok_or_else(|| {
-            generic(format!(
-                "{} is being written by another process",
-                self.inner.dir.display()
-            ))
-        })?;
+        // A process (or store) that is letting go may hold it for a moment.
+        let deadline = Instant::now() + LOCK_WAIT;
+        let lock = loop {
+            if let Some(lock) = try_lock(&self.inner.dir).map_err(generic)? {
+                break lock;
+            }
+            if Instant::now() >= deadline {
+                return Err(generic(format!(
+                    "{} is being written by another process",
+                    self.inner.dir.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         *state = load(&self.inner.dir, &self.inner.legacy_root).map_err(generic)?;
         self.take_over(state, lock).map_err(generic)
     }
@@ -527,7 +559,7 @@ impl LocalLogStore {
         state.writer = Some(lock);
         for entry in std::fs::read_dir(&self.inner.dir)? {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().ends_with(".log.tmp") {
+            if entry.file_name().to_string_lossy().contains(".log.tmp") {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -571,17 +603,19 @@ impl LocalLogStore {
         let spawned = std::thread::Builder::new()
             .name("picomq-wal-log".into())
             .spawn(move || {
-                let made = create_log(&dir, id, capacity);
+                let made = make_log(&dir, id, capacity);
                 let Some(inner) = inner.upgrade() else {
+                    // The store is gone, its write lock with it: another store may
+                    // be writing the directory now, and it decides which ids exist.
+                    if let Ok(new) = made {
+                        let _ = std::fs::remove_file(new.tmp);
+                    }
                     return;
                 };
                 let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
                 state.preparing = false;
                 match made {
-                    Ok(file) => {
-                        state.logs.insert(id, new_log(file, capacity));
-                        state.spare = Some(id);
-                    }
+                    Ok(new) => state.spare = Some((id, capacity, new)),
                     Err(e) => tracing::warn!(error = %e, "preparing a WAL log file failed"),
                 }
             });
@@ -625,7 +659,9 @@ impl LocalLogStore {
                 self.retire(&mut state, id)?;
             }
             match state.spare.take() {
-                Some(id) => {
+                Some((id, capacity, new)) => {
+                    let file = publish(&self.inner.dir, id, new).map_err(generic)?;
+                    state.logs.insert(id, new_log(file, capacity));
                     state.active = Some(id);
                     self.prepare_spare(&mut state);
                 }
