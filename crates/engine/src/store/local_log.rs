@@ -527,16 +527,25 @@ impl LocalLogStore {
         }
     }
 
-    /// Takes the directory's write lock, if this process opened the store while
-    /// another was writing it: reads the directory afresh (the other process may
-    /// have written since), then takes over.
-    fn become_writer(&self, state: &mut State) -> object_store::Result<()> {
+    /// The state, with this store as the directory's writer. If this process opened
+    /// the store while another was writing it, takes the write lock now (waiting a
+    /// moment for a holder that is letting go, without holding the state, so reads
+    /// go on meanwhile), reads the directory afresh (the other may have written
+    /// since), then takes over.
+    fn writer_state(&self) -> object_store::Result<MutexGuard<'_, State>> {
+        let state = self.state();
         if state.writer.is_some() {
-            return Ok(());
+            return Ok(state);
         }
-        // A process (or store) that is letting go may hold it for a moment.
+        drop(state);
         let deadline = Instant::now() + LOCK_WAIT;
         let lock = loop {
+            // Another write of this store may have taken over meanwhile.
+            let state = self.state();
+            if state.writer.is_some() {
+                return Ok(state);
+            }
+            drop(state);
             if let Some(lock) = try_lock(&self.inner.dir).map_err(generic)? {
                 break lock;
             }
@@ -548,8 +557,12 @@ impl LocalLogStore {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
+        let mut state = self.state();
+        // The lock is per open file: no other write of this store can hold it too,
+        // so the state is still a reader's.
         *state = load(&self.inner.dir, &self.inner.legacy_root).map_err(generic)?;
-        self.take_over(state, lock).map_err(generic)
+        self.take_over(&mut state, lock).map_err(generic)?;
+        Ok(state)
     }
 
     /// Becomes the directory's writer: removes what a crashed writer left half done
@@ -633,8 +646,7 @@ impl LocalLogStore {
         let len = entry_len(key.len(), data.len() as u64);
         // Before the lock: the checksum of a large object takes a while.
         let data_crc = crc32c::crc32c(data);
-        let mut state = self.state();
-        self.become_writer(&mut state)?;
+        let mut state = self.writer_state()?;
         if matches!(mode, PutMode::Create)
             && (state.index.contains_key(path)
                 || state.pending.contains(path)
@@ -648,7 +660,7 @@ impl LocalLogStore {
         if LOG_HEADER + len > self.inner.segment_bytes {
             // Too large for a log: a log file of its own.
             drop(state);
-            return self.put_alone(path, data, mode);
+            return self.put_alone(path, data, data_crc, mode);
         }
         let id = loop {
             if let Some(id) = state.active {
@@ -721,7 +733,13 @@ impl LocalLogStore {
     }
 
     /// A log file holding one object.
-    fn put_alone(&self, path: &Path, data: &[u8], mode: &PutMode) -> object_store::Result<Loc> {
+    fn put_alone(
+        &self,
+        path: &Path,
+        data: &[u8],
+        data_crc: u32,
+        mode: &PutMode,
+    ) -> object_store::Result<Loc> {
         let key = path.as_ref();
         let mut state = self.state();
         let id = state.next_id;
@@ -729,7 +747,7 @@ impl LocalLogStore {
         state.pending.insert(path.clone());
         drop(state);
         let written_ms = now_ms();
-        let head = encode_head(id, key, data.len() as u64, crc32c::crc32c(data), written_ms);
+        let head = encode_head(id, key, data.len() as u64, data_crc, written_ms);
         let capacity = LOG_HEADER + entry_len(key.len(), data.len() as u64);
         let made = create_log(&self.inner.dir, id, capacity).and_then(|file| {
             write_entry(&file, LOG_HEADER, &head, data)?;
@@ -809,8 +827,7 @@ impl LocalLogStore {
     /// Deletes `path` from the logs; `true` if it is (also) a legacy file, which the
     /// caller deletes through `legacy`.
     fn delete_blocking(&self, path: &Path) -> object_store::Result<bool> {
-        let mut state = self.state();
-        self.become_writer(&mut state)?;
+        let mut state = self.writer_state()?;
         let legacy = state.legacy.remove(path).is_some();
         let Some(loc) = state.index.remove(path) else {
             return Ok(legacy);
