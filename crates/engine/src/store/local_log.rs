@@ -10,20 +10,25 @@
 //! one `fdatasync`: 0.27-0.28 ms on the same disk (docs/storage.md, "The local WAL
 //! log").
 //!
-//! Layout: `DIR/{id:020}.log`, each `segment_bytes` long and sparse (an object too
-//! large for one gets a log file of its own), made ahead of need by a background
-//! thread.
+//! Layout: `DIR/{id:020}.log`, each `segment_bytes` long (an object too large for one
+//! gets a log file of its own), made ahead of need by a background thread: from an
+//! emptied log kept for reuse (`DIR/{id:020}.free`, at most [`FREE_MAX`]) when there is
+//! one, else a new sparse file.
 //!
 //! ```text
-//! log    = header(64 bytes) entry* zeros
-//! header = "PMQLOG01" id:u64 sealed:u8 zero-padding
+//! log    = header(64 bytes) entry* (zeros, or a reused log's old entries)
+//! header = "PMQLOG02" id:u64 sealed:u8 0*7 salt:u64 zero-padding
 //! entry  = "PMQE" state:u8 key_len:u16 0:u8 log_id:u64 data_len:u64 written_ms:u64
 //!          data_crc:u32 header_crc:u32 key data padding-to-8
 //! state  = 1 live | 2 deleted
 //! ```
 //!
-//! `header_crc` is crc32c of the entry's bytes 5..36 and its key (everything but the
-//! magic, the state byte and itself); `data_crc` covers the data. An entry is
+//! `header_crc` is crc32c of the log's salt, then the entry's bytes 5..36 and its key
+//! (everything but the magic, the state byte and itself); `data_crc` covers the data.
+//! A log gets a new random salt whenever it is made or reused, so the old entries
+//! behind a reused log's new ones (or entry-like bytes inside an object's data) never
+//! read as its entries. Logs of format 1 (`PMQLOG01`, before reuse) have no salt and
+//! are read as before. An entry is
 //! acknowledged only after the `fdatasync` that follows its `pwrite`, and entries are
 //! written in offset order under one lock, so a sync also covers every entry before
 //! it. A crash can therefore only tear entries at the tail of a log, after the last
@@ -31,8 +36,11 @@
 //! checks data checksums in logs that were not sealed (every log a process stopped
 //! writing to is sealed once its writes are synced; the one written at a crash is
 //! not). A delete rewrites the entry's state byte in place and syncs; a log whose
-//! entries are all deleted is removed. Entries carry their log's id, so a log file can
-//! never be mistaken for another.
+//! entries are all deleted is freed for reuse (or removed). Entries carry their log's
+//! id, so a log file can never be mistaken for another. A read checks the entry's
+//! header before and after reading its data: a log reused under a read (a delete
+//! racing it, or another process writing the directory) reads as "not found", never as
+//! another object's bytes.
 //!
 //! One process writes a log directory (`DIR/LOCK`, taken when the store opens, or at
 //! its first write if another process held it then, reading the directory afresh);
@@ -61,9 +69,14 @@ use object_store::{
 };
 
 const STORE: &str = "LocalLog";
-const LOG_MAGIC: &[u8; 8] = b"PMQLOG01";
+/// Logs written before recycling: entries' `header_crc` has no salt.
+const LOG_MAGIC_V1: &[u8; 8] = b"PMQLOG01";
+const LOG_MAGIC: &[u8; 8] = b"PMQLOG02";
 const LOG_HEADER: u64 = 64;
 const SEALED_AT: u64 = 16;
+const SALT_AT: usize = 24;
+/// Emptied logs kept for reuse (`{id}.free`); more are removed.
+const FREE_MAX: usize = 4;
 const ENTRY_MAGIC: &[u8; 4] = b"PMQE";
 const ENTRY_HEADER: u64 = 40;
 const STATE_AT: u64 = 4;
@@ -94,6 +107,9 @@ impl Loc {
 struct Log {
     file: Arc<File>,
     capacity: u64,
+    /// Mixed into every entry's `header_crc` (`None`: a log of format 1). A log is
+    /// given a fresh random salt each time it is made or recycled.
+    salt: Option<u64>,
     /// Next entry's offset (for the log being written).
     write_at: u64,
     live: usize,
@@ -118,6 +134,10 @@ struct State {
     /// must not hold the store, and so its write lock, while it works).
     spare: Option<(u64, u64, NewLog)>,
     preparing: bool,
+    /// Emptied logs, renamed `{id}.free`, kept to be made into new logs: their blocks
+    /// are allocated and written, so a write into one changes no file metadata and
+    /// its `fdatasync` flushes data only, and no delete discards 64 MiB meanwhile.
+    free: Vec<PathBuf>,
     next_id: u64,
     /// Older copies of keys written twice, found when opening: marked deleted on the
     /// first write.
@@ -179,6 +199,16 @@ fn log_path(dir: &FsPath, id: u64) -> PathBuf {
     dir.join(format!("{id:020}.log"))
 }
 
+fn free_path(dir: &FsPath, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}.free"))
+}
+
+/// An entry's `header_crc`: of its bytes 5..36 and its key, seeded with its log's salt.
+fn header_crc(salt: Option<u64>, head: &[u8], key: &[u8]) -> u32 {
+    let seed = salt.map_or(0, |s| crc32c::crc32c(&s.to_le_bytes()));
+    crc32c::crc32c_append(crc32c::crc32c_append(seed, &head[5..36]), key)
+}
+
 fn pad8(n: u64) -> u64 {
     n.div_ceil(8) * 8
 }
@@ -189,7 +219,14 @@ fn entry_len(key_len: usize, data_len: u64) -> u64 {
 
 /// An entry's header and key; its data follows them (and zeros pad it to 8 bytes:
 /// the log is sparse, its unwritten bytes read as zeros).
-fn encode_head(log: u64, key: &str, data_len: u64, data_crc: u32, written_ms: i64) -> Vec<u8> {
+fn encode_head(
+    log: u64,
+    salt: Option<u64>,
+    key: &str,
+    data_len: u64,
+    data_crc: u32,
+    written_ms: i64,
+) -> Vec<u8> {
     let mut e = Vec::with_capacity(ENTRY_HEADER as usize + key.len());
     e.extend_from_slice(ENTRY_MAGIC);
     e.push(LIVE);
@@ -199,7 +236,7 @@ fn encode_head(log: u64, key: &str, data_len: u64, data_crc: u32, written_ms: i6
     e.extend_from_slice(&data_len.to_le_bytes());
     e.extend_from_slice(&written_ms.to_le_bytes());
     e.extend_from_slice(&data_crc.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&e[5..36]), key.as_bytes());
+    let crc = header_crc(salt, &e, key.as_bytes());
     e.extend_from_slice(&crc.to_le_bytes());
     e.extend_from_slice(key.as_bytes());
     e
@@ -222,6 +259,7 @@ struct Scanned {
     end: u64,
     capacity: u64,
     sealed: bool,
+    salt: Option<u64>,
 }
 
 /// Reads a log's entries up to its first invalid one. `Ok(None)`: not a log (a torn
@@ -232,7 +270,14 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
     if capacity < LOG_HEADER || file.read_exact_at(&mut head, 0).is_err() {
         return Ok(None);
     }
-    if &head[..8] != LOG_MAGIC || u64::from_le_bytes(head[8..16].try_into().unwrap()) != id {
+    let salt = match &head[..8] {
+        m if m == LOG_MAGIC => Some(u64::from_le_bytes(
+            head[SALT_AT..SALT_AT + 8].try_into().unwrap(),
+        )),
+        m if m == LOG_MAGIC_V1 => None,
+        _ => return Ok(None),
+    };
+    if u64::from_le_bytes(head[8..16].try_into().unwrap()) != id {
         return Ok(None);
     }
     let sealed = head[SEALED_AT as usize] == 1;
@@ -250,7 +295,7 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
         let data_len = u64::from_le_bytes(h[16..24].try_into().unwrap());
         let written_ms = i64::from_le_bytes(h[24..32].try_into().unwrap());
         let data_crc = u32::from_le_bytes(h[32..36].try_into().unwrap());
-        let header_crc = u32::from_le_bytes(h[36..40].try_into().unwrap());
+        let entry_crc = u32::from_le_bytes(h[36..40].try_into().unwrap());
         let len = entry_len(key_len, data_len);
         if log != id || key_len > MAX_KEY || (state != LIVE && state != DELETED) {
             break;
@@ -260,7 +305,9 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
         }
         let mut key = vec![0u8; key_len];
         file.read_exact_at(&mut key, at + ENTRY_HEADER)?;
-        if crc32c::crc32c_append(crc32c::crc32c(&h[5..36]), &key) != header_crc {
+        // A recycled log's old entries carry its old id and salt: the first of them
+        // after the new ones ends it, like the zeros of a new log.
+        if header_crc(salt, &h, &key) != entry_crc {
             break;
         }
         if !sealed {
@@ -293,6 +340,7 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
         end: at,
         capacity,
         sealed,
+        salt,
     }))
 }
 
@@ -300,43 +348,80 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
 struct NewLog {
     tmp: PathBuf,
     file: File,
+    salt: u64,
 }
 
-/// Makes log `id`, `capacity` bytes long (sparse: its blocks are allocated as it is
-/// written), synced, under a temporary name unique to this call (two processes, or a
-/// store and the one reopened after it, may make the same id at once).
-fn make_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<NewLog> {
+/// Makes log `id`, `capacity` bytes long, synced, under a temporary name unique to
+/// this call (two processes, or a store and the one reopened after it, may make the
+/// same id at once). From `free`, an emptied log of that size, when given and still
+/// there: only its header is rewritten (the new id and salt end it before its old
+/// entries). Otherwise a new sparse file, its blocks allocated as it is written.
+fn make_log(
+    dir: &FsPath,
+    id: u64,
+    capacity: u64,
+    free: Option<PathBuf>,
+) -> std::io::Result<NewLog> {
     let tmp = dir.join(format!(
         "{id:020}.log.tmp-{}-{:016x}",
         std::process::id(),
         fastrand::u64(..)
     ));
+    let salt = fastrand::u64(..);
+    let mut head = vec![0u8; LOG_HEADER as usize];
+    head[..8].copy_from_slice(LOG_MAGIC);
+    head[8..16].copy_from_slice(&id.to_le_bytes());
+    head[SALT_AT..SALT_AT + 8].copy_from_slice(&salt.to_le_bytes());
+    if let Some(free) = free {
+        match recycle(&free, &tmp, capacity, &head) {
+            Ok(file) => return Ok(NewLog { tmp, file, salt }),
+            Err(e) => {
+                tracing::debug!(error = %e, free = %free.display(), "not reusing a free WAL log");
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+    }
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(&tmp)?;
-    let mut head = vec![0u8; LOG_HEADER as usize];
-    head[..8].copy_from_slice(LOG_MAGIC);
-    head[8..16].copy_from_slice(&id.to_le_bytes());
     file.write_all(&head)?;
     file.set_len(capacity)?;
     file.sync_all()?;
-    Ok(NewLog { tmp, file })
+    Ok(NewLog { tmp, file, salt })
+}
+
+/// Claims the free log `free` (renaming it to `tmp`: of two claimants one fails) and
+/// writes `head` over its header.
+fn recycle(free: &FsPath, tmp: &FsPath, capacity: u64, head: &[u8]) -> std::io::Result<File> {
+    std::fs::rename(free, tmp)?;
+    let file = OpenOptions::new().read(true).write(true).open(tmp)?;
+    if file.metadata()?.len() != capacity {
+        return Err(std::io::Error::other("a free log of another size"));
+    }
+    file.write_all_at(head, 0)?;
+    file.sync_data()?;
+    Ok(file)
 }
 
 /// Gives a made log its name and syncs the directory: from here on a write into it
 /// needs no new inode or name. Only the directory's writer may do this (it decides
 /// which ids exist), so a crash never leaves a half-made log under a log's name.
-fn publish(dir: &FsPath, id: u64, new: NewLog) -> std::io::Result<File> {
+fn publish(dir: &FsPath, id: u64, new: NewLog) -> std::io::Result<(File, u64)> {
     std::fs::rename(&new.tmp, log_path(dir, id))?;
     sync_dir(dir)?;
-    Ok(new.file)
+    Ok((new.file, new.salt))
 }
 
 /// Makes and names log `id`; the caller is the directory's writer.
-fn create_log(dir: &FsPath, id: u64, capacity: u64) -> std::io::Result<File> {
-    publish(dir, id, make_log(dir, id, capacity)?)
+fn create_log(
+    dir: &FsPath,
+    id: u64,
+    capacity: u64,
+    free: Option<PathBuf>,
+) -> std::io::Result<(File, u64)> {
+    publish(dir, id, make_log(dir, id, capacity, free)?)
 }
 
 impl State {
@@ -348,6 +433,7 @@ impl State {
             active: None,
             spare: None,
             preparing: false,
+            free: Vec::new(),
             next_id: 1,
             stale: Vec::new(),
             legacy: BTreeMap::new(),
@@ -414,6 +500,7 @@ fn try_lock(dir: &FsPath) -> std::io::Result<Option<File>> {
 /// files under `legacy_root`.
 fn load(dir: &FsPath, legacy_root: &FsPath) -> std::io::Result<State> {
     let mut ids = Vec::new();
+    let mut free = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
         let name = name.to_string_lossy();
@@ -422,10 +509,17 @@ fn load(dir: &FsPath, legacy_root: &FsPath) -> std::io::Result<State> {
             .and_then(|n| n.parse::<u64>().ok())
         {
             ids.push(id);
+        } else if let Some(id) = name
+            .strip_suffix(".free")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            free.push(free_path(dir, id));
         }
     }
     ids.sort_unstable();
+    free.sort_unstable();
     let mut state = State::empty();
+    state.free = free;
     state.next_id = ids.last().map_or(1, |id| id + 1);
     state.legacy = legacy_files(legacy_root)?;
     for id in ids {
@@ -445,6 +539,7 @@ fn load(dir: &FsPath, legacy_root: &FsPath) -> std::io::Result<State> {
         let mut log = Log {
             file: Arc::new(file),
             capacity: scanned.capacity,
+            salt: scanned.salt,
             write_at: scanned.end,
             live: 0,
             in_flight: 0,
@@ -566,7 +661,7 @@ impl LocalLogStore {
     }
 
     /// Becomes the directory's writer: removes what a crashed writer left half done
-    /// (logs being prepared, the older copy of a key written twice), removes logs
+    /// (logs being prepared, the older copy of a key written twice), frees logs
     /// with nothing live, and seals the logs it left unsealed.
     fn take_over(&self, state: &mut State, lock: File) -> std::io::Result<()> {
         state.writer = Some(lock);
@@ -582,12 +677,15 @@ impl LocalLogStore {
                 .write_all_at(&[DELETED], stale.entry_at + STATE_AT)
                 .and_then(|()| log.file.sync_data())?;
         }
-        let ids: Vec<u64> = state.logs.keys().copied().collect();
+        while state.free.len() > FREE_MAX {
+            let _ = std::fs::remove_file(state.free.pop().unwrap());
+        }
+        let mut ids: Vec<u64> = state.logs.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
             let log = &state.logs[&id];
             if log.live == 0 {
-                let _ = std::fs::remove_file(log_path(&self.inner.dir, id));
-                state.logs.remove(&id);
+                self.remove_log(state, id);
             } else if !log.sealed {
                 // Checked entry by entry when opened, up to its first invalid entry
                 // (a write torn by a crash). Its magic is cleared first, so that once
@@ -610,13 +708,14 @@ impl LocalLogStore {
         }
         state.preparing = true;
         let (id, capacity) = next_log(state, self.inner.segment_bytes, 0);
+        let free = state.free.pop();
         // Weak: a store dropped meanwhile (its write lock released) stays dropped.
         let inner = Arc::downgrade(&self.inner);
         let dir = self.inner.dir.clone();
         let spawned = std::thread::Builder::new()
             .name("picomq-wal-log".into())
             .spawn(move || {
-                let made = make_log(&dir, id, capacity);
+                let made = make_log(&dir, id, capacity, free);
                 let Some(inner) = inner.upgrade() else {
                     // The store is gone, its write lock with it: another store may
                     // be writing the directory now, and it decides which ids exist.
@@ -672,8 +771,8 @@ impl LocalLogStore {
             }
             match state.spare.take() {
                 Some((id, capacity, new)) => {
-                    let file = publish(&self.inner.dir, id, new).map_err(generic)?;
-                    state.logs.insert(id, new_log(file, capacity));
+                    let (file, salt) = publish(&self.inner.dir, id, new).map_err(generic)?;
+                    state.logs.insert(id, new_log(file, capacity, salt));
                     state.active = Some(id);
                     self.prepare_spare(&mut state);
                 }
@@ -681,16 +780,18 @@ impl LocalLogStore {
                     // Nothing prepared (the first write, or writes outran the
                     // preparation): make one here.
                     let (id, capacity) = next_log(&mut state, self.inner.segment_bytes, len);
-                    let file = create_log(&self.inner.dir, id, capacity).map_err(generic)?;
-                    state.logs.insert(id, new_log(file, capacity));
+                    let free = state.free.pop();
+                    let (file, salt) =
+                        create_log(&self.inner.dir, id, capacity, free).map_err(generic)?;
+                    state.logs.insert(id, new_log(file, capacity, salt));
                     state.active = Some(id);
                     self.prepare_spare(&mut state);
                 }
             }
         };
         let written_ms = now_ms();
-        let head = encode_head(id, key, data.len() as u64, data_crc, written_ms);
         let log = state.logs.get_mut(&id).unwrap();
+        let head = encode_head(id, log.salt, key, data.len() as u64, data_crc, written_ms);
         let at = log.write_at;
         // Written under the lock, so entries reach the file in offset order and a
         // sync covers every entry before the one it follows.
@@ -747,16 +848,16 @@ impl LocalLogStore {
         state.pending.insert(path.clone());
         drop(state);
         let written_ms = now_ms();
-        let head = encode_head(id, key, data.len() as u64, data_crc, written_ms);
         let capacity = LOG_HEADER + entry_len(key.len(), data.len() as u64);
-        let made = create_log(&self.inner.dir, id, capacity).and_then(|file| {
+        let made = create_log(&self.inner.dir, id, capacity, None).and_then(|(file, salt)| {
+            let head = encode_head(id, Some(salt), key, data.len() as u64, data_crc, written_ms);
             write_entry(&file, LOG_HEADER, &head, data)?;
             file.sync_data()?;
-            Ok(file)
+            Ok((file, salt))
         });
         let mut state = self.state();
         state.pending.remove(path);
-        let file = made.map_err(generic)?;
+        let (file, salt) = made.map_err(generic)?;
         if matches!(mode, PutMode::Create) && state.index.contains_key(path) {
             drop(state);
             let _ = std::fs::remove_file(log_path(&self.inner.dir, id));
@@ -765,7 +866,7 @@ impl LocalLogStore {
                 source: "the object exists".into(),
             });
         }
-        let mut log = new_log(file, capacity);
+        let mut log = new_log(file, capacity, salt);
         log.write_at = log.capacity;
         log.live = 1;
         log.retired = true;
@@ -817,9 +918,23 @@ impl LocalLogStore {
         Ok(file)
     }
 
+    /// Lets go of emptied log `id`: kept as `{id}.free` to be made into a later log
+    /// while fewer than [`FREE_MAX`] are, else removed. (Renamed without a directory
+    /// sync: after a crash it may be back under its old name, empty, and is freed
+    /// again.)
     fn remove_log(&self, state: &mut State, id: u64) {
-        state.logs.remove(&id);
-        if let Err(e) = std::fs::remove_file(log_path(&self.inner.dir, id)) {
+        let Some(log) = state.logs.remove(&id) else {
+            return;
+        };
+        let path = log_path(&self.inner.dir, id);
+        if log.capacity == self.inner.segment_bytes && state.free.len() < FREE_MAX {
+            let free = free_path(&self.inner.dir, id);
+            match std::fs::rename(&path, &free) {
+                Ok(()) => return state.free.push(free),
+                Err(e) => tracing::warn!(error = %e, id, "keeping an emptied WAL log failed"),
+            }
+        }
+        if let Err(e) = std::fs::remove_file(path) {
             tracing::warn!(error = %e, id, "removing an emptied WAL log file failed");
         }
     }
@@ -845,16 +960,30 @@ impl LocalLogStore {
     ) -> Option<std::io::Result<(ObjectMeta, Range<u64>, Bytes)>> {
         let state = self.state();
         let loc = *state.index.get(path)?;
-        let file = state.logs[&loc.log].file.clone();
+        let log = &state.logs[&loc.log];
+        let (file, salt) = (log.file.clone(), log.salt);
         drop(state);
         let meta = Self::meta(path, &loc);
         let range = range.unwrap_or(0..loc.len);
         let mut buf = vec![0u8; (range.end - range.start) as usize];
         let at = loc.data_at(path.as_ref().len()) + range.start;
-        Some(
-            file.read_exact_at(&mut buf, at)
-                .map(|()| (meta, range, Bytes::from(buf))),
-        )
+        // The log may be emptied and made into a new one while this reads (a delete
+        // that raced the read, or another process writing the directory this one
+        // reads): the entry's header, read before and after its data, must be this
+        // object's both times, or the object is gone.
+        let mut read = || -> std::io::Result<Option<Bytes>> {
+            let Some(before) = entry_head(&file, &loc, salt, path)? else {
+                return Ok(None);
+            };
+            file.read_exact_at(&mut buf, at)?;
+            let after = entry_head(&file, &loc, salt, path)?;
+            Ok((after.as_ref() == Some(&before)).then(|| Bytes::from(std::mem::take(&mut buf))))
+        };
+        match read() {
+            Ok(Some(data)) => Some(Ok((meta, range, data))),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Objects under `prefix`, in key order: the logs', then legacy files not
@@ -880,10 +1009,36 @@ impl LocalLogStore {
     }
 }
 
-fn new_log(file: File, capacity: u64) -> Log {
+/// The header and key of the entry at `loc` if it is `path`'s (state byte zeroed),
+/// `None` if the bytes there are no longer that entry.
+fn entry_head(
+    file: &File,
+    loc: &Loc,
+    salt: Option<u64>,
+    path: &Path,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let key = path.as_ref().as_bytes();
+    let mut h = vec![0u8; ENTRY_HEADER as usize + key.len()];
+    match file.read_exact_at(&mut h, loc.entry_at) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let (head, stored_key) = h.split_at(ENTRY_HEADER as usize);
+    let whole = &head[..4] == ENTRY_MAGIC
+        && u64::from_le_bytes(head[8..16].try_into().unwrap()) == loc.log
+        && u64::from_le_bytes(head[16..24].try_into().unwrap()) == loc.len
+        && stored_key == key
+        && header_crc(salt, head, key) == u32::from_le_bytes(head[36..40].try_into().unwrap());
+    h[STATE_AT as usize] = 0;
+    Ok(whole.then_some(h))
+}
+
+fn new_log(file: File, capacity: u64, salt: u64) -> Log {
     Log {
         file: Arc::new(file),
         capacity,
+        salt: Some(salt),
         write_at: LOG_HEADER,
         live: 0,
         in_flight: 0,
@@ -1359,6 +1514,99 @@ mod tests {
             on_disk <= live * 4 + (64 << 10),
             "{on_disk} bytes of logs for {live} live"
         );
+    }
+
+    fn inode(path: &FsPath) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().ino()
+    }
+
+    /// Emptied logs become new ones; what they held never comes back, in the process
+    /// that reused them, after reopening, or in a reader that had them open.
+    #[tokio::test]
+    async fn emptied_logs_are_reused_and_their_old_objects_stay_gone() {
+        let dir = Dir::new("reuse");
+        let logs = dir.0.join("wal-log");
+        let writer = dir.open(4096);
+        // 4 KiB logs hold five 700-byte objects each: 0..5 fill the first log.
+        for n in 0..12 {
+            writer.put(&key(n), body(n, 700).into()).await.unwrap();
+        }
+        let first = writer.state().index[&key(0)].log;
+        let first_inode = inode(&log_path(&logs, first));
+        let reader = dir.open(4096);
+        for n in 0..5 {
+            writer.delete(&key(n)).await.unwrap();
+        }
+        assert!(free_path(&logs, first).exists(), "{:?}", dir.logs());
+        assert!(!log_path(&logs, first).exists());
+        for n in 100..130 {
+            writer.put(&key(n), body(n, 700).into()).await.unwrap();
+        }
+        let reused = dir
+            .logs()
+            .iter()
+            .any(|name| inode(&logs.join(name)) == first_inode);
+        assert!(reused, "the emptied log was not reused: {:?}", dir.logs());
+        // The reader still maps key 0 into that file, which now holds other objects.
+        assert!(
+            matches!(
+                reader.get(&key(0)).await.unwrap_err(),
+                object_store::Error::NotFound { .. }
+            ),
+            "a reader returned bytes of a reused log"
+        );
+        assert_eq!(
+            reader.get(&key(7)).await.unwrap().bytes().await.unwrap(),
+            body(7, 700)
+        );
+        let live: Vec<u64> = (5..12).chain(100..130).collect();
+        drop(reader);
+        drop(writer);
+        let store = dir.open(4096);
+        let mut expect: Vec<String> = live.iter().map(|&n| key(n).to_string()).collect();
+        expect.sort();
+        assert_eq!(keys(&store).await, expect);
+        for &n in &live {
+            assert_eq!(
+                store.get(&key(n)).await.unwrap().bytes().await.unwrap(),
+                body(n, 700)
+            );
+        }
+        // At most FREE_MAX emptied logs are kept.
+        for &n in &live {
+            store.delete(&key(n)).await.unwrap();
+        }
+        let free = std::fs::read_dir(&logs)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".free")
+            })
+            .count();
+        assert!((1..=FREE_MAX).contains(&free), "{free} free logs");
+    }
+
+    /// A log's salt is in every entry's checksum, so bytes left from an earlier use of
+    /// the file, or written as data by a client, never read as an entry of the log,
+    /// even with its id.
+    #[test]
+    fn an_entry_without_its_logs_salt_ends_the_log() {
+        let dir = Dir::new("salt");
+        let logs = dir.0.join("wal-log");
+        std::fs::create_dir_all(&logs).unwrap();
+        let (file, salt) = create_log(&logs, 5, 4096, None).unwrap();
+        let k = key(1);
+        let data = body(1, 100);
+        for (entry_salt, found) in [(None, 0), (Some(salt ^ 1), 0), (Some(salt), 1)] {
+            let head = encode_head(5, entry_salt, k.as_ref(), 100, crc32c::crc32c(&data), 0);
+            write_entry(&file, LOG_HEADER, &head, &data).unwrap();
+            let scanned = scan(&file, 5).unwrap().unwrap();
+            assert_eq!(scanned.entries.len(), found, "salt {entry_salt:?}");
+        }
     }
 
     #[tokio::test]
