@@ -348,12 +348,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut signals = Signals::install()?;
     let (cors, tls) = check_security(&args)?;
     let mut config = engine_config(&args)?;
-    args.storage.configure(&mut config);
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| format!("--data-dir: {e}"))?;
     let store_url = args
         .store
         .clone()
         .unwrap_or_else(|| format!("file://{}", data_dir.join("objects").display()));
+    args.storage.configure(&mut config, &store_url);
     let in_memory = store_url.starts_with("memory:");
     let meta_url = match &args.meta {
         Some(m) => m.clone(),

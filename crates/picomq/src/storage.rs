@@ -64,9 +64,12 @@ pub struct StorageArgs {
     /// Object-store bytes per second (read + written) compaction may use.
     #[arg(long, env = "PICOMQ_COMPACTION_BYTES_PER_SEC", default_value_t = EngineConfig::default().compaction.bytes_per_sec)]
     pub compaction_bytes_per_sec: u64,
-    /// Object-store requests per second compaction may use.
-    #[arg(long, env = "PICOMQ_COMPACTION_REQUESTS_PER_SEC", default_value_t = EngineConfig::default().compaction.requests_per_sec, value_parser = positive)]
-    pub compaction_requests_per_sec: f64,
+    /// Object-store requests per second compaction may use. Compaction reads every
+    /// WAL object once, so below the WAL's own PUT rate it falls behind for good
+    /// [default: 50 when the store or WAL store is a bucket; unlimited when both are
+    /// file:// or memory://, whose requests cost nothing]
+    #[arg(long, env = "PICOMQ_COMPACTION_REQUESTS_PER_SEC", value_parser = positive)]
+    pub compaction_requests_per_sec: Option<f64>,
     /// Memory for chunks read from the object store (LRU), in bytes; 0 = none.
     #[arg(long, env = "PICOMQ_BLOCK_CACHE_BYTES", default_value_t = EngineConfig::default().block_cache_bytes)]
     pub block_cache_bytes: usize,
@@ -94,8 +97,9 @@ pub struct StorageArgs {
 }
 
 impl StorageArgs {
-    /// Sets the engine options these flags own.
-    pub fn configure(&self, config: &mut EngineConfig) {
+    /// Sets the engine options these flags own; `store_url` is `--store` (or its
+    /// default).
+    pub fn configure(&self, config: &mut EngineConfig, store_url: &str) {
         config.wal.store_down_after = self.store_down_after;
         config.fence_check_interval =
             (!self.fence_check_interval.is_zero()).then_some(self.fence_check_interval);
@@ -106,7 +110,15 @@ impl StorageArgs {
             (!self.compaction_interval.is_zero()).then_some(self.compaction_interval);
         config.compaction.delay = self.compaction_delay;
         config.compaction.bytes_per_sec = self.compaction_bytes_per_sec;
-        config.compaction.requests_per_sec = self.compaction_requests_per_sec;
+        let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
+        let local = local(store_url) && self.wal_store.as_deref().is_none_or(local);
+        config.compaction.requests_per_sec = match self.compaction_requests_per_sec {
+            Some(rate) => rate,
+            // The local store's requests are reads and writes of local files: only
+            // the byte budget means anything there.
+            None if local => f64::INFINITY,
+            None => EngineConfig::default().compaction.requests_per_sec,
+        };
         config.block_cache_bytes = self.block_cache_bytes;
         config.readahead_bytes = self.readahead_bytes;
         config.retention_interval =
@@ -161,5 +173,43 @@ pub fn open(
                 stats: vec![data_stats, wal_stats],
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        storage: StorageArgs,
+    }
+
+    fn budget(flags: &[&str], store_url: &str) -> f64 {
+        let cli =
+            Cli::try_parse_from(std::iter::once("picomq").chain(flags.iter().copied())).unwrap();
+        let mut config = EngineConfig::default();
+        cli.storage.configure(&mut config, store_url);
+        config.compaction.requests_per_sec
+    }
+
+    #[test]
+    fn compaction_request_budget_is_unlimited_only_on_local_stores() {
+        assert_eq!(budget(&[], "file:///var/lib/picomq/objects"), f64::INFINITY);
+        assert_eq!(budget(&[], "memory://"), f64::INFINITY);
+        assert_eq!(budget(&[], "s3://bucket/prefix"), 50.0);
+        assert_eq!(
+            budget(
+                &["--wal-store", "s3://wal"],
+                "file:///var/lib/picomq/objects"
+            ),
+            50.0
+        );
+        assert_eq!(
+            budget(&["--compaction-requests-per-sec", "7"], "file:///x"),
+            7.0
+        );
     }
 }
