@@ -709,6 +709,7 @@ impl LocalLogStore {
         state.preparing = true;
         let (id, capacity) = next_log(state, self.inner.segment_bytes, 0);
         let free = state.free.pop();
+        let unused = free.clone();
         // Weak: a store dropped meanwhile (its write lock released) stays dropped.
         let inner = Arc::downgrade(&self.inner);
         let dir = self.inner.dir.clone();
@@ -733,6 +734,7 @@ impl LocalLogStore {
             });
         if spawned.is_err() {
             state.preparing = false;
+            state.free.extend(unused);
         }
     }
 
@@ -1607,6 +1609,47 @@ mod tests {
             let scanned = scan(&file, 5).unwrap().unwrap();
             assert_eq!(scanned.entries.len(), found, "salt {entry_salt:?}");
         }
+    }
+
+    /// Logs of format 1 (no salt) from the version before reuse open and read as
+    /// before, and are reused like any other once emptied.
+    #[tokio::test]
+    async fn logs_of_format_1_stay_readable() {
+        let dir = Dir::new("format-1");
+        let logs = dir.0.join("wal-log");
+        std::fs::create_dir_all(&logs).unwrap();
+        let file = File::create_new(log_path(&logs, 1)).unwrap();
+        let mut head = vec![0u8; LOG_HEADER as usize];
+        head[..8].copy_from_slice(LOG_MAGIC_V1);
+        head[8..16].copy_from_slice(&1u64.to_le_bytes());
+        file.write_all_at(&head, 0).unwrap();
+        file.set_len(4096).unwrap();
+        let mut at = LOG_HEADER;
+        for n in 0..3 {
+            let data = body(n, 500);
+            let k = key(n);
+            let entry = encode_head(1, None, k.as_ref(), 500, crc32c::crc32c(&data), 0);
+            write_entry(&file, at, &entry, &data).unwrap();
+            at += entry_len(k.as_ref().len(), 500);
+        }
+        drop(file);
+        let store = dir.open(4096);
+        assert_eq!(
+            keys(&store).await,
+            (0..3).map(|n| key(n).to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            store.get(&key(1)).await.unwrap().bytes().await.unwrap(),
+            body(1, 500)
+        );
+        store.put(&key(9), body(9, 500).into()).await.unwrap();
+        for n in 0..3 {
+            store.delete(&key(n)).await.unwrap();
+        }
+        assert!(free_path(&logs, 1).exists(), "{:?}", dir.logs());
+        drop(store);
+        let store = dir.open(4096);
+        assert_eq!(keys(&store).await, vec![key(9).to_string()]);
     }
 
     #[tokio::test]
