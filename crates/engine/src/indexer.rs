@@ -24,10 +24,9 @@ const BATCH_OBJECTS_MAX: usize = 512;
 /// CPU per run; 10 ms, 4.2-4.4 s; 50 ms, 3.4 s. With the local store's WAL log (about
 /// 1,800 objects/s at 6,600 live appends/s, so 64 objects ended a batch after ~35 ms),
 /// 200 ms and 512 objects halved the SQLite threads' CPU (16.4-17.2% -> 7.4-8.6% of a
-/// core; 19.3% -> 12.0% at 13,000/s), lowered the p50 in all six pairs and the p99 in
-/// four (6,600/s: 6.8-9.4 -> 5.6-7.2 ms, but one of those four runs had a 148 ms
-/// stall). Less SQLite I/O also leaves the disk to the WAL's fsyncs. See
-/// docs/performance.md.
+/// core; 19.3% -> 12.0% at 13,000/s) and lowered the p50 in seven of eight pairs;
+/// the p99 moved within the run-to-run noise. Less SQLite I/O also leaves the disk to
+/// the WAL's fsyncs. See docs/performance.md.
 const BATCH_LINGER: Duration = Duration::from_millis(200);
 
 pub struct IndexerProgress {
