@@ -242,6 +242,35 @@ fn encode_head(
     e
 }
 
+/// An entry's header fields, as [`encode_head`] lays them out.
+struct EntryHead {
+    state: u8,
+    key_len: usize,
+    log: u64,
+    data_len: u64,
+    written_ms: i64,
+    data_crc: u32,
+    /// `header_crc`.
+    crc: u32,
+}
+
+impl EntryHead {
+    /// Reads the first [`ENTRY_HEADER`] bytes of `h`; `None` without the entry magic.
+    fn parse(h: &[u8]) -> Option<EntryHead> {
+        let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap());
+        let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
+        (&h[..4] == ENTRY_MAGIC).then(|| EntryHead {
+            state: h[STATE_AT as usize],
+            key_len: u16::from_le_bytes([h[5], h[6]]) as usize,
+            log: u64_at(8),
+            data_len: u64_at(16),
+            written_ms: u64_at(24) as i64,
+            data_crc: u32_at(32),
+            crc: u32_at(36),
+        })
+    }
+}
+
 /// Writes an entry at `at`: its head, then its data in place (not copied behind the
 /// head first: WAL objects run to megabytes).
 fn write_entry(file: &File, at: u64, head: &[u8], data: &[u8]) -> std::io::Result<()> {
@@ -286,16 +315,18 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
     let mut h = [0u8; ENTRY_HEADER as usize];
     while at + ENTRY_HEADER <= capacity {
         file.read_exact_at(&mut h, at)?;
-        if &h[..4] != ENTRY_MAGIC {
+        let Some(EntryHead {
+            state,
+            key_len,
+            log,
+            data_len,
+            written_ms,
+            data_crc,
+            crc,
+        }) = EntryHead::parse(&h)
+        else {
             break;
-        }
-        let state = h[4];
-        let key_len = u16::from_le_bytes([h[5], h[6]]) as usize;
-        let log = u64::from_le_bytes(h[8..16].try_into().unwrap());
-        let data_len = u64::from_le_bytes(h[16..24].try_into().unwrap());
-        let written_ms = i64::from_le_bytes(h[24..32].try_into().unwrap());
-        let data_crc = u32::from_le_bytes(h[32..36].try_into().unwrap());
-        let entry_crc = u32::from_le_bytes(h[36..40].try_into().unwrap());
+        };
         let len = entry_len(key_len, data_len);
         if log != id || key_len > MAX_KEY || (state != LIVE && state != DELETED) {
             break;
@@ -307,7 +338,7 @@ fn scan(file: &File, id: u64) -> std::io::Result<Option<Scanned>> {
         file.read_exact_at(&mut key, at + ENTRY_HEADER)?;
         // A recycled log's old entries carry its old id and salt: the first of them
         // after the new ones ends it, like the zeros of a new log.
-        if header_crc(salt, &h, &key) != entry_crc {
+        if header_crc(salt, &h, &key) != crc {
             break;
         }
         if !sealed {
@@ -1027,11 +1058,12 @@ fn entry_head(
         Err(e) => return Err(e),
     }
     let (head, stored_key) = h.split_at(ENTRY_HEADER as usize);
-    let whole = &head[..4] == ENTRY_MAGIC
-        && u64::from_le_bytes(head[8..16].try_into().unwrap()) == loc.log
-        && u64::from_le_bytes(head[16..24].try_into().unwrap()) == loc.len
-        && stored_key == key
-        && header_crc(salt, head, key) == u32::from_le_bytes(head[36..40].try_into().unwrap());
+    let whole = EntryHead::parse(head).is_some_and(|e| {
+        e.log == loc.log
+            && e.data_len == loc.len
+            && stored_key == key
+            && header_crc(salt, head, key) == e.crc
+    });
     h[STATE_AT as usize] = 0;
     Ok(whole.then_some(h))
 }
