@@ -420,3 +420,50 @@ async fn live_readers_are_capped_per_stream_and_per_token() {
         assert_eq!(h.await.unwrap().status.as_u16(), 204);
     }
 }
+
+/// An SSE reader whose client goes away gives its slot back (and leaves the live
+/// readers gauge) while its stream is quiet: nothing is written to notice it by.
+#[tokio::test]
+async fn an_sse_reader_that_goes_away_frees_its_slot() {
+    let dir = TempDir::new("sse-leaves");
+    let s = start_with_auth(dir.path(), &["--max-live-readers-per-stream", "1"]).await;
+    let admin = bearer(ADMIN_SECRET);
+    let auth = [("authorization", admin.as_str())];
+    s.client
+        .put(
+            "/q",
+            &[("authorization", &admin), ("content-type", "text/plain")],
+            "",
+        )
+        .await
+        .unwrap();
+    let open = || {
+        s.client
+            .open(HttpMethod::GET, "/q?offset=now&live=sse", &auth, "")
+    };
+    let mut first = open().await.unwrap();
+    assert_eq!(first.status.as_u16(), 200);
+    // Its first control event: the reader is running and holds the slot.
+    let chunk = tokio::time::timeout(Duration::from_secs(5), first.next_chunk())
+        .await
+        .expect("first event")
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&chunk).contains("event: control"));
+    assert_eq!(
+        metric_as(&s.client, Some(ADMIN_SECRET), "picomq_live_readers").await,
+        1.0
+    );
+    let r = open().await.unwrap();
+    assert_eq!(r.status.as_u16(), 429);
+    drop(r);
+
+    drop(first);
+    eventually(Duration::from_secs(5), || async {
+        let n = metric_as(&s.client, Some(ADMIN_SECRET), "picomq_live_readers").await;
+        (n == 0.0).then_some(())
+    })
+    .await;
+    let second = open().await.unwrap();
+    assert_eq!(second.status.as_u16(), 200);
+}

@@ -16,7 +16,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use picomq_engine::stream::now_ms;
 use picomq_engine::{EngineError, Offset, StreamRef, WaitOutcome};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::read::{body_of, now_secs};
 use crate::auth::{Auth, Principal};
@@ -44,21 +44,32 @@ pub fn respond(
     } else {
         Encoding::Base64
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(8);
     app.live_readers
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    tokio::spawn(async move {
-        // Held for as long as the connection is served.
-        let _slot = slot;
-        let credential = principal.and_then(|p| Credential::new(&app, p));
-        if let Err(e) = pump(&app, &stream, from, cursor, encoding, credential, &tx).await {
-            tracing::debug!(stream = %stream.handle.config.name, error = %e, "SSE ended");
+    let credential = principal.and_then(|p| Credential::new(&app, p));
+    // The connection's task runs the event loop itself as it polls the body: an
+    // event costs no hand-over between tasks, and a client that goes away drops
+    // the loop (and its slot) with the body.
+    let pump = Pump {
+        app,
+        stream,
+        offset: from,
+        client_cursor: cursor,
+        encoding,
+        credential,
+        started: Instant::now(),
+        phase: Phase::Read,
+        _slot: slot,
+    };
+    let body = futures::stream::unfold(pump, |mut pump| async move {
+        match pump.next().await {
+            Ok(Some(events)) => Some((Ok::<_, Infallible>(events), pump)),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(stream = %pump.stream.handle.config.name, error = %e, "SSE ended");
+                None
+            }
         }
-        app.live_readers
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    });
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
     let mut r = Response::builder()
         .status(StatusCode::OK)
@@ -71,12 +82,10 @@ pub fn respond(
     r.body(Body::from_stream(body)).expect("valid response")
 }
 
-/// Why the event loop stopped early: the client left, the server is shutting down, or
-/// the stream went away.
+/// Why the event loop stopped early: the server is shutting down, the credential
+/// ended, or the stream went away.
 #[derive(Debug, thiserror::Error)]
 enum Stop {
-    #[error("client disconnected")]
-    Disconnected,
     #[error("server shutting down")]
     ShuttingDown,
     #[error("the credential was revoked or expired")]
@@ -129,39 +138,83 @@ async fn revoked(credential: &mut Option<Credential>) {
     std::future::pending().await
 }
 
-async fn pump(
-    app: &AppState,
-    stream: &StreamRef,
-    mut offset: Offset,
+/// Where an SSE connection's event loop is: the next body chunk is a read, or a wait
+/// for more first (the last event said up to date), or there is none.
+enum Phase {
+    Read,
+    Wait,
+    Done,
+}
+
+/// One SSE connection's event loop, run by the connection as it polls the body.
+struct Pump {
+    app: Arc<AppState>,
+    stream: StreamRef,
+    offset: Offset,
     client_cursor: Option<String>,
     encoding: Encoding,
-    mut credential: Option<Credential>,
-    tx: &mpsc::Sender<Bytes>,
-) -> Result<(), Stop> {
-    let started = Instant::now();
-    // A client too slow to take the next event must not hold a shutdown open: it
-    // resumes from the last control event it did take.
-    let send = |b: String| async move {
-        tokio::select! {
-            r = tx.send(Bytes::from(b)) => r.map_err(|_| Stop::Disconnected),
-            _ = app.shutdown.fired() => Err(Stop::ShuttingDown),
+    credential: Option<Credential>,
+    started: Instant,
+    phase: Phase,
+    /// Held for as long as the connection is served.
+    _slot: Option<crate::limits::LiveSlot>,
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.app
+            .live_readers
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Pump {
+    /// The next body chunk (a data event and its control event), or `None` when the
+    /// connection ends.
+    async fn next(&mut self) -> Result<Option<Bytes>, Stop> {
+        loop {
+            match self.phase {
+                Phase::Done => return Ok(None),
+                Phase::Wait => {
+                    if !self.wait().await? {
+                        self.phase = Phase::Done;
+                        return Ok(None);
+                    }
+                    self.phase = Phase::Read;
+                }
+                Phase::Read => {
+                    // A reader catching up never waits, so look at shutdown here: at
+                    // once, it resumes from the last control event it took.
+                    if self.app.shutdown.is_fired() {
+                        return Err(Stop::ShuttingDown);
+                    }
+                    return self.read().await.map(Some);
+                }
+            }
         }
-    };
-    loop {
-        if let Some(c) = &credential {
+    }
+
+    async fn read(&mut self) -> Result<Bytes, Stop> {
+        if let Some(c) = &self.credential {
             c.check()?;
         }
+        let app = &self.app;
         let chunk = app
             .engine
-            .read(stream, offset, app.engine.config().read_bytes_max)
+            .read(
+                &self.stream,
+                self.offset,
+                app.engine.config().read_bytes_max,
+            )
             .await?;
-        // The data event and its control event go out as one body chunk: one wake of
-        // the connection and one write, not two.
+        // The data event and its control event go out as one body chunk: one write,
+        // not two.
         let mut events = String::new();
         if !chunk.segments.is_empty() {
-            push_data_event(&mut events, &body_of(&chunk), encoding);
+            push_data_event(&mut events, &body_of(&chunk), self.encoding);
         }
-        offset = chunk.next;
+        self.offset = chunk.next;
+        let offset = self.offset;
         // Offsets are digits and `_`, cursors digits: nothing to escape.
         let _ = write!(
             events,
@@ -170,51 +223,58 @@ async fn pump(
         if chunk.closed {
             events.push_str(",\"streamClosed\":true,\"upToDate\":true");
         } else {
-            let cursor = next_cursor(now_secs(), client_cursor.as_deref());
+            let cursor = next_cursor(now_secs(), self.client_cursor.as_deref());
             let _ = write!(events, ",\"streamCursor\":\"{cursor}\"");
             if chunk.up_to_date {
                 events.push_str(",\"upToDate\":true");
             }
         }
         events.push_str("}\n\n");
-        send(events).await?;
-        if chunk.closed {
-            return Ok(());
-        }
-        if !chunk.up_to_date {
-            continue;
-        }
-        let remaining = app.sse_max_duration.saturating_sub(started.elapsed());
+        self.phase = if chunk.closed {
+            Phase::Done
+        } else if chunk.up_to_date {
+            Phase::Wait
+        } else {
+            Phase::Read
+        };
+        Ok(Bytes::from(events))
+    }
+
+    /// Waits for data past the offset; false when the connection should end instead
+    /// (its maximum duration, or shutdown: the last control event already named the
+    /// offset to resume from).
+    async fn wait(&mut self) -> Result<bool, Stop> {
+        let app = self.app.clone();
+        let remaining = app.sse_max_duration.saturating_sub(self.started.elapsed());
         if remaining.is_zero() {
-            return Ok(());
+            return Ok(false);
         }
         let mut timeout = remaining.min(app.long_poll_timeout);
-        if let Some(expiry) = credential.as_ref().and_then(Credential::remaining) {
+        if let Some(expiry) = self.credential.as_ref().and_then(Credential::remaining) {
             timeout = timeout.min(expiry);
         }
-        // Wake on new data, on close, when the client goes away, or when a token was
-        // revoked (the loop's first step looks at this connection's). At shutdown the
-        // last control event already named the offset to resume from: just end.
+        // Wake on new data, on close, or when a token was revoked (the next read
+        // looks at this connection's). A client that goes away drops this future.
         let deadline = Instant::now() + timeout;
         let outcome = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             tokio::select! {
-                r = app.engine.wait(stream, offset, left) => break r?,
-                _ = tx.closed() => return Err(Stop::Disconnected),
-                _ = app.shutdown.fired() => return Ok(()),
-                _ = revoked(&mut credential) => {
-                    if let Some(c) = &credential {
+                r = app.engine.wait(&self.stream, self.offset, left) => break r?,
+                _ = app.shutdown.fired() => return Ok(false),
+                _ = revoked(&mut self.credential) => {
+                    if let Some(c) = &self.credential {
                         c.check()?;
                     }
                 }
             }
         };
-        app.engine.touch(stream);
+        app.engine.touch(&self.stream);
         if let WaitOutcome::TimedOut = outcome {
-            if started.elapsed() >= app.sse_max_duration {
-                return Ok(());
+            if self.started.elapsed() >= app.sse_max_duration {
+                return Ok(false);
             }
         }
+        Ok(true)
     }
 }
 
