@@ -136,6 +136,9 @@ impl Meta {
             .journal_mode(SqliteJournalMode::Wal)
             // The database is rebuilt from the bucket after a crash, so it needs no fsync.
             .synchronous(SqliteSynchronous::Normal)
+            // Statement journals (a multi-row statement inside a transaction, as
+            // the indexer's are) in memory, not spilled to a file past 64 KiB.
+            .pragma("temp_store", "memory")
             .busy_timeout(Duration::from_secs(10));
         let in_memory = url.contains(":memory:");
         let pool = SqlitePoolOptions::new()
@@ -1068,6 +1071,31 @@ mod tests {
     /// Trim moves the start (never back, never past the tail) and drops the rows
     /// that end at or below it, keeping one that straddles it; replaying the same
     /// objects changes nothing.
+    /// Every pooled connection keeps statement journals in memory: the indexer's
+    /// multi-row statements run inside a transaction, and with temporary files each
+    /// spilled to a file in /var/tmp past 64 KiB (two `pwrite`s per page touched).
+    #[tokio::test]
+    async fn statement_journals_stay_in_memory_on_every_connection() {
+        let dir = std::env::temp_dir().join(format!("picomq-meta-tmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = Meta::open(&format!("sqlite://{}/m.sqlite", dir.display()))
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut conn = meta.pool.acquire().await.unwrap();
+            let store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(store, 2, "temp_store is MEMORY");
+            held.push(conn);
+        }
+        drop(held);
+        meta.pool.close().await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn trims_drop_rows_below_the_start_idempotently() {
         let meta = Meta::open("sqlite::memory:").await.unwrap();
