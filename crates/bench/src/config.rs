@@ -133,6 +133,11 @@ pub struct RunArgs {
     /// protocol's initial data: one request per stream) instead of a PUT, then a POST.
     #[arg(long)]
     pub create_with_body: bool,
+    /// Append workload: write one line per request to FILE (when it was due, sent and
+    /// acknowledged, its status), warm-up included, to see where a tail came from
+    /// (benchmarks/stalls.py summarizes one).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// No progress line on stderr.
@@ -173,6 +178,7 @@ pub struct Workload {
     pub sample: usize,
     pub idle_wait: Option<Duration>,
     pub create_with_body: bool,
+    pub trace: Option<std::path::PathBuf>,
     pub output: Output,
     pub progress: bool,
 }
@@ -268,6 +274,7 @@ impl Workload {
             sample: a.sample,
             idle_wait: a.idle_wait,
             create_with_body: a.create_with_body,
+            trace: a.trace.clone(),
             output: a.output,
             progress: !a.quiet,
         })

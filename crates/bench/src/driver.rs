@@ -232,9 +232,25 @@ struct Ctx {
     requests_per_s: Option<f64>,
     /// Releases the open-loop requests on schedule (with --rate).
     pacer: Option<Pacer>,
+    /// Requests each writer may keep for --trace (0 = no trace).
+    trace_rows: usize,
 }
 
-async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
+/// Rows --trace keeps at most, over all writers (~24 bytes each).
+const TRACE_ROWS_MAX: usize = 8_000_000;
+
+/// One request, for --trace: when it was due, sent and acknowledged ([`now_us`]
+/// clock), and its status (0: no answer).
+#[derive(Clone, Copy)]
+struct TraceRow {
+    due_us: u64,
+    sent_us: u64,
+    acked_us: u64,
+    status: u16,
+}
+
+async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) -> Vec<TraceRow> {
+    let mut trace = Vec::new();
     let (from_us, to_us) = ctx.window.bounds();
     let records = ctx.template.records() as u64;
     let bytes = ctx.template.len() as u64;
@@ -264,6 +280,14 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
         let sent_us = now_us();
         let result = lane.post(path, &ctx.ct, body).await;
         let acked_us = now_us();
+        if trace.len() < ctx.trace_rows {
+            trace.push(TraceRow {
+                due_us: scheduled_us,
+                sent_us,
+                acked_us,
+                status: *result.as_ref().unwrap_or(&0),
+            });
+        }
         match result {
             Ok(status) if (200..300).contains(&status) => {
                 ctx.stats
@@ -297,6 +321,57 @@ async fn writer(ctx: Arc<Ctx>, task: usize, mut lane: Lane) {
             }
         }
     }
+    trace
+}
+
+/// Writes --trace: a header naming the columns, the measured window and where the
+/// run's clock starts on CLOCK_MONOTONIC (what `perf record -k CLOCK_MONOTONIC`
+/// stamps events with), then one line per request in the order they were due.
+fn write_trace(
+    path: &std::path::Path,
+    mut rows: Vec<TraceRow>,
+    window: (u64, u64),
+    truncated: bool,
+) -> Result<(), BenchError> {
+    use std::io::Write;
+    rows.sort_unstable_by_key(|r| r.due_us);
+    let fail = |e: std::io::Error| BenchError::Report(format!("--trace {}: {e}", path.display()));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(fail)?);
+    writeln!(
+        out,
+        "# picomq bench --trace: due_us sent_us acked_us status (us on the run's clock; \
+         status 0 = no answer)"
+    )
+    .map_err(fail)?;
+    writeln!(out, "# window_us {} {}", window.0, window.1).map_err(fail)?;
+    writeln!(
+        out,
+        "# clock_monotonic_us_at_zero {}",
+        monotonic_us() - now_us()
+    )
+    .map_err(fail)?;
+    if truncated {
+        writeln!(out, "# truncated: each writer kept its first requests only").map_err(fail)?;
+    }
+    for r in &rows {
+        writeln!(
+            out,
+            "{} {} {} {}",
+            r.due_us, r.sent_us, r.acked_us, r.status
+        )
+        .map_err(fail)?;
+    }
+    out.flush().map_err(fail)
+}
+
+fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
 /// Server figures at one edge of the window.
@@ -371,6 +446,10 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
         end_us,
         requests_per_s,
         pacer: requests_per_s.map(|rps| Pacer::start(start_us, end_us, rps)),
+        trace_rows: match w.trace {
+            Some(_) => TRACE_ROWS_MAX / lanes.len().max(1),
+            None => 0,
+        },
     });
     let progress = Progress::start(&w, stats.clone(), window.clone(), start_us);
     let client_before = proc::sample_self();
@@ -387,8 +466,16 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
     sleep_until_us(end_us).await;
     let after = edge(scraper.as_ref(), w.server_pid).await;
     let client_to = proc::sample_self();
+    let mut trace = Vec::new();
+    let mut truncated = false;
     for t in writers {
-        let _ = t.await;
+        if let Ok(rows) = t.await {
+            truncated |= ctx.trace_rows > 0 && rows.len() == ctx.trace_rows;
+            trace.extend(rows);
+        }
+    }
+    if let Some(path) = &w.trace {
+        write_trace(path, trace, (from_us, end_us), truncated)?;
     }
 
     if w.readers > 0 {

@@ -103,6 +103,7 @@ async fn an_open_loop_run_splits_the_ack_into_send_lag_and_from_send() {
     let dir = TempDir::new("bench-rate");
     let server = Server::start(dir.path(), &[]).await;
     let url = format!("{}/v1/stream", server.url);
+    let trace = dir.path().join("requests.trace");
     let report = bench(&[
         &url,
         "--duration",
@@ -115,6 +116,8 @@ async fn an_open_loop_run_splits_the_ack_into_send_lag_and_from_send() {
         "4",
         "--rate",
         "200",
+        "--trace",
+        trace.to_str().unwrap(),
     ]);
     let append = &report["append"];
     assert_eq!(append["errors"], 0, "{report:#}");
@@ -135,6 +138,45 @@ async fn an_open_loop_run_splits_the_ack_into_send_lag_and_from_send() {
         mean(ack)
     );
     assert!(sent["max"].as_f64() <= ack["max"].as_f64());
+
+    // --trace: a line per request, in the order they were due; those due inside the
+    // window are the ones the histogram counted.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let window_from: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# window_us "))
+        .and_then(|w| w.split(' ').next()?.parse().ok())
+        .expect("window line");
+    assert!(
+        text.contains("# clock_monotonic_us_at_zero "),
+        "{text:.300}"
+    );
+    let rows: Vec<[u64; 4]> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let v: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            [v[0], v[1], v[2], v[3]]
+        })
+        .collect();
+    assert!(rows.windows(2).all(|w| w[0][0] <= w[1][0]), "sorted by due");
+    assert!(
+        rows.iter().all(|r| r[1] <= r[2] && r[3] == 204),
+        "each sent, then acknowledged"
+    );
+    let in_window = rows.iter().filter(|r| r[0] >= window_from).count() as u64;
+    assert_eq!(in_window, count, "{report:#}");
+    // The histogram keeps three significant digits.
+    let slowest_ms = rows
+        .iter()
+        .filter(|r| r[0] >= window_from)
+        .map(|r| (r[2] - r[0]) as f64 / 1000.0)
+        .fold(0.0, f64::max);
+    let max_ms = ack["max"].as_f64().unwrap();
+    assert!(
+        (slowest_ms - max_ms).abs() <= 0.002 * max_ms + 0.002,
+        "slowest traced {slowest_ms} ms vs histogram max {max_ms}: {report:#}"
+    );
 
     // Closed loop: nothing is due before it is sent, so there is no split.
     let closed = bench(&[
