@@ -5,19 +5,50 @@ were due) holding requests slower than the p99, merged into runs. A tail made of
 runs is stalls (the server, its disk or the machine stopped for that long); one spread
 thin over the whole window is queueing.
 
-    python3 benchmarks/stalls.py TRACE [SLICE_MS]      (default slice: 20 ms)
+    python3 benchmarks/stalls.py TRACE [SLICE_MS] [--syncs PERF_SCRIPT]
 
-Each run is printed with its start on CLOCK_MONOTONIC too, to find it in a
-`perf record -k CLOCK_MONOTONIC` taken alongside (perf script prints those seconds).
+(default slice: 20 ms). Each run is printed with its start on CLOCK_MONOTONIC too, to
+find it in a `perf record -k CLOCK_MONOTONIC` taken alongside. With --syncs, the
+output of `perf script -F tid,time,event` over the fdatasync tracepoints
+(syscalls:sys_enter_fdatasync / sys_exit_fdatasync, as benchmarks/stalls.sh records
+them), each run also names the slowest fdatasync that was under way during it or in
+the 100 ms before it.
 """
+import re
 import sys
+
+SYNC_LINE = re.compile(r"^\s*(\d+)\s+([\d.]+):\s+syscalls:sys_(enter|exit)_fdatasync")
+
+
+def load_syncs(path):
+    """(start_us, end_us) of every fdatasync in a perf script, on CLOCK_MONOTONIC."""
+    open_at, spans = {}, []
+    with open(path) as f:
+        for line in f:
+            m = SYNC_LINE.match(line)
+            if not m:
+                continue
+            tid, t, kind = m.group(1), int(float(m.group(2)) * 1e6), m.group(3)
+            if kind == "enter":
+                open_at[tid] = t
+            elif tid in open_at:
+                spans.append((open_at.pop(tid), t))
+    return sorted(spans)
 
 
 def main():
-    if len(sys.argv) not in (2, 3):
+    args = sys.argv[1:]
+    syncs = None
+    if "--syncs" in args:
+        i = args.index("--syncs")
+        if i + 1 >= len(args):
+            sys.exit(__doc__)
+        syncs = load_syncs(args[i + 1])
+        del args[i : i + 2]
+    if len(args) not in (1, 2):
         sys.exit(__doc__)
-    path = sys.argv[1]
-    slice_us = int(float(sys.argv[2]) * 1000) if len(sys.argv) == 3 else 20_000
+    path = args[0]
+    slice_us = int(float(args[1]) * 1000) if len(args) == 2 else 20_000
     if slice_us <= 0:
         sys.exit("SLICE_MS must be positive")
     window, zero, rows = None, None, []
@@ -67,15 +98,29 @@ def main():
         f"{above} requests above the p99 in {len(runs)} runs of {slice_us / 1000:g} ms "
         f"slices; the largest:"
     )
-    print("  from (s into window)  monotonic s      length ms  above p99  worst ms  send lag ms")
+    head = "  from (s into window)  monotonic s      length ms  above p99  worst ms  send lag ms"
+    print(head + ("  slowest fdatasync ms" if syncs is not None else ""))
     for first, last, n, worst, lag in runs[:15]:
         at = window[0] + first * slice_us
-        print(
+        line = (
             f"  {(at - window[0]) / 1e6:19.3f}  {(at + zero) / 1e6:13.3f}"
             f"  {(last - first + 1) * slice_us / 1000:9.0f}  {n:9d}  {worst:8.1f}  {lag:11.1f}"
         )
+        if syncs is not None:
+            lo, hi = at + zero - 100_000, window[0] + (last + 1) * slice_us + zero
+            near = [e - s for s, e in syncs if s < hi and e > lo]
+            line += f"  {max(near) / 1000:20.1f}" if near else f"  {'-':>20}"
+        print(line)
     share = sum(r[2] for r in runs[:3]) / above if above else 0
     print(f"the three largest runs hold {share:.0%} of the requests above the p99")
+    if syncs:
+        durations = sorted((e - s) / 1000 for s, e in syncs)
+        slow = sum(1 for d in durations if d > 10)
+        print(
+            f"fdatasync: {len(durations)} in the trace, p50 {durations[len(durations) // 2]:.2f} ms, "
+            f"p99 {durations[int(len(durations) * 0.99)]:.2f}, max {durations[-1]:.1f}, "
+            f"{slow} over 10 ms"
+        )
 
 
 if __name__ == "__main__":
