@@ -284,9 +284,21 @@ pub async fn floor(store: &dyn ObjectStore) -> Result<Option<Watermark>> {
     Ok(list(store).await?.into_iter().next().map(|k| k.watermark))
 }
 
+/// What the checkpoints in the store hold, as far as this node knows: the newest one's
+/// state (watermark, count of local writes), and whether the one before it holds the
+/// same state.
+#[derive(Clone, Copy)]
+struct Written {
+    state: (Watermark, u64),
+    twice: bool,
+}
+
 /// Writes a checkpoint every `interval` while the database has changed since the
 /// last one (the WAL watermark moved, or a write not derived from the WAL such as a
-/// token happened), for as long as this node is the bucket's writer.
+/// token happened), for as long as this node is the bucket's writer. Once it stops
+/// changing, one more checkpoint of the same state: GC's floor is the older of the
+/// two kept, and without it a node gone quiet would keep the WAL objects of its last
+/// interval until it next wrote.
 pub async fn run(
     store: Arc<dyn ObjectStore>,
     meta: Meta,
@@ -295,13 +307,16 @@ pub async fn run(
     stats: Arc<CheckpointStats>,
     last: Option<Watermark>,
 ) {
-    // What the last checkpoint held: the watermark and the count of local writes.
-    let last = std::sync::Mutex::new((last, meta.local_writes()));
+    let written = std::sync::Mutex::new(Written {
+        state: (last.unwrap_or_default(), meta.local_writes()),
+        twice: false,
+    });
     crate::wal::while_writer(interval, health, || async {
-        let (previous, previous_local) = *last.lock().expect("checkpoint state lock");
+        let previous = *written.lock().expect("checkpoint state lock");
         let local = meta.local_writes();
         match meta.watermark().await {
-            Ok(current) if current != previous || local != previous_local => {}
+            Ok(current) if (current.unwrap_or_default(), local) != previous.state => {}
+            Ok(_) if !previous.twice => {}
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the metadata watermark failed");
@@ -310,7 +325,11 @@ pub async fn run(
         }
         match write(&*store, &meta).await {
             Ok((w, size)) => {
-                *last.lock().expect("checkpoint state lock") = (Some(w), local);
+                let state = (w, local);
+                *written.lock().expect("checkpoint state lock") = Written {
+                    state,
+                    twice: state == previous.state,
+                };
                 stats.written.fetch_add(1, Ordering::Relaxed);
                 stats.last_bytes.store(size, Ordering::Relaxed);
                 stats

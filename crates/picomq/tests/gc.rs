@@ -132,3 +132,54 @@ async fn deleted_streams_objects_are_collected_after_a_crash_live_data_and_seals
     assert_eq!(read_all(&c, "/keep").await, b"k0k1k2k3k4");
     assert_eq!(c.head("/doomed").await.unwrap().status.as_u16(), 404);
 }
+
+/// A node that goes quiet right after a delete still collects the deleted stream's
+/// objects. GC's floor is the older of the two kept checkpoints; the checkpoint after
+/// the delete is the newer one, so without one more checkpoint of the unchanged state
+/// the floor would stay below the stream's objects until the node wrote again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gone_quiet_collects_what_its_last_writes_freed() {
+    let dir = TempDir::new("gc-quiet");
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--checkpoint-interval",
+            "300ms",
+            "--gc-interval",
+            "100ms",
+            "--compaction-interval",
+            "0",
+        ],
+    )
+    .await;
+    let c = server.client.clone();
+    // Two checkpoints of earlier writes, so the floor is below what follows.
+    assert_eq!(c.put("/keep", TEXT, "").await.unwrap().status.as_u16(), 201);
+    for i in 0..2 {
+        append(&c, "/keep", &format!("k{i}")).await;
+        let before = metric(&c, "picomq_checkpoints_total").await;
+        eventually(Duration::from_secs(10), || {
+            let c = c.clone();
+            async move { (metric(&c, "picomq_checkpoints_total").await > before).then_some(()) }
+        })
+        .await;
+    }
+    // A stream written and deleted within one checkpoint interval, then nothing.
+    let deleted_before = metric(&c, "picomq_gc_objects_deleted_total").await;
+    assert_eq!(c.put("/gone", TEXT, "").await.unwrap().status.as_u16(), 201);
+    for i in 0..5 {
+        append(&c, "/gone", &format!("g{i}")).await;
+    }
+    assert_eq!(c.delete("/gone").await.unwrap().status.as_u16(), 204);
+    // Its create, five appends and delete are one WAL object each.
+    eventually(Duration::from_secs(15), || {
+        let c = c.clone();
+        async move {
+            let deleted = metric(&c, "picomq_gc_objects_deleted_total").await;
+            (deleted >= deleted_before + 6.0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(read_all(&c, "/keep").await, b"k0k1");
+    assert_eq!(c.head("/gone").await.unwrap().status.as_u16(), 404);
+}
