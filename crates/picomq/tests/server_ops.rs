@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use picomq_client::{Client, HttpMethod, SseParser};
 use support::cli::Cli;
-use support::{free_port, read_all, Server, TempDir};
+use support::{eventually, free_port, metric, read_all, Server, TempDir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_only_after_recovery() {
@@ -293,4 +293,36 @@ async fn http1_and_h2c_share_the_port() {
     let cli = Cli::new(&server.url);
     let r = cli.run(&["read", "both", "--http2"]).await;
     assert_eq!((r.code, r.stdout.as_str()), (0, "abc"), "{r:?}");
+}
+
+/// `picomq_index_lag_objects` counts WAL objects that are durable but not yet in the
+/// metadata index: an append shows in it while the indexer gathers its batch (200
+/// ms), and it returns to 0 once the batch is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_lag_counts_durable_objects_until_indexed() {
+    let dir = TempDir::new("index-lag");
+    let server = Server::start(dir.path(), &[]).await;
+    let c = &server.client;
+    let text = [("content-type", "text/plain")];
+    assert_eq!(c.put("/lag", &text, "").await.unwrap().status.as_u16(), 201);
+    let caught_up = || async {
+        eventually(Duration::from_secs(10), || async {
+            (metric(c, "picomq_index_lag_objects").await == 0.0).then_some(())
+        })
+        .await
+    };
+    caught_up().await;
+    // Right after an acknowledged append its object is durable, and (unless the
+    // scrape came more than the linger later) not indexed yet.
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let r = c.post("/lag", &text, format!("r{i}")).await.unwrap();
+        assert_eq!(r.status.as_u16(), 204);
+        seen.push(metric(c, "picomq_index_lag_objects").await);
+        caught_up().await;
+    }
+    assert!(
+        seen.iter().any(|&lag| lag >= 1.0),
+        "lag after each append: {seen:?}"
+    );
 }

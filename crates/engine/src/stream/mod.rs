@@ -2193,11 +2193,19 @@ impl Engine {
             "1 if the metadata was restored from a checkpoint in the object store at start.",
             f64::from(u8::from(self.inner.recovered.1)),
         );
+        let indexed = *self.inner.indexer.applied.borrow();
         out.single(
             "picomq_index_failures_total",
             "counter",
             "Failed metadata index transactions (retried).",
             self.inner.indexer.failures.load(Ordering::Relaxed) as f64,
+        )
+        .single(
+            "picomq_index_lag_objects",
+            "gauge",
+            "WAL objects durable but not yet in the metadata index.",
+            // Read after `indexed`: it only grows, so it is never below it.
+            (get(&wal.objects_written) - indexed as f64).max(0.0),
         )
         .single(
             "picomq_appends_total",
