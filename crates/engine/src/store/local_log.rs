@@ -271,6 +271,16 @@ impl EntryHead {
     }
 }
 
+/// Objects that are never deleted: epoch claims and the seals that fence an old
+/// epoch's writers (`fencing`, `wal::recovery`; one of each per start). In a shared
+/// log one would keep the whole log, with the bytes of every object deleted from it,
+/// for ever; in a log of its own it keeps a few hundred bytes.
+fn kept_forever(key: &str, data: &[u8]) -> bool {
+    key.strip_prefix(crate::fencing::CLAIMS_PREFIX)
+        .is_some_and(|rest| rest.starts_with('/'))
+        || data.starts_with(crate::wal::format::SEAL_MAGIC)
+}
+
 /// Writes an entry at `at`: its head, then its data in place (not copied behind the
 /// head first: WAL objects run to megabytes).
 fn write_entry(file: &File, at: u64, head: &[u8], data: &[u8]) -> std::io::Result<()> {
@@ -789,8 +799,8 @@ impl LocalLogStore {
                 source: "the object exists".into(),
             });
         }
-        if LOG_HEADER + len > self.inner.segment_bytes {
-            // Too large for a log: a log file of its own.
+        if LOG_HEADER + len > self.inner.segment_bytes || kept_forever(key, data) {
+            // Too large for a log, or never deleted: a log file of its own.
             drop(state);
             return self.put_alone(path, data, data_crc, mode);
         }
@@ -1553,6 +1563,50 @@ mod tests {
     fn inode(path: &FsPath) -> u64 {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(path).unwrap().ino()
+    }
+
+    /// Epoch claims and seals, never deleted, get logs of their own: a shared log
+    /// they landed in would never empty, and would keep its deleted objects' bytes.
+    #[tokio::test]
+    async fn claims_and_seals_never_pin_a_shared_log() {
+        let dir = Dir::new("pinned");
+        let store = dir.open(4096);
+        let claim = Path::from("epochs/0000000002");
+        let seal = key(1000);
+        let seal_body = [&crate::wal::format::SEAL_MAGIC[..], b"sealed"].concat();
+        store.put(&key(0), body(0, 700).into()).await.unwrap();
+        store
+            .put(&claim, Bytes::from_static(b"claim").into())
+            .await
+            .unwrap();
+        store.put(&seal, seal_body.clone().into()).await.unwrap();
+        // Enough to retire the first log (five 700-byte objects fill 4 KiB).
+        for n in 1..10 {
+            store.put(&key(n), body(n, 700).into()).await.unwrap();
+        }
+        let shared = store.state().index[&key(0)].log;
+        for kept in [&claim, &seal] {
+            let log = store.state().index[kept].log;
+            assert_ne!(log, shared, "{kept} is in the shared log");
+        }
+        // Emptied, the shared log goes (to be reused).
+        for n in 0..10 {
+            if store.state().index[&key(n)].log == shared {
+                store.delete(&key(n)).await.unwrap();
+            }
+        }
+        let logs = dir.0.join("wal-log");
+        assert!(!log_path(&logs, shared).exists(), "{:?}", dir.logs());
+        drop(store);
+        let store = dir.open(4096);
+        assert_eq!(
+            store.get(&claim).await.unwrap().bytes().await.unwrap(),
+            Bytes::from_static(b"claim")
+        );
+        assert_eq!(
+            store.get(&seal).await.unwrap().bytes().await.unwrap(),
+            seal_body
+        );
     }
 
     /// Emptied logs become new ones; what they held never comes back, in the process
