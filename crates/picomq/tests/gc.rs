@@ -158,11 +158,10 @@ async fn a_node_gone_quiet_collects_what_its_last_writes_freed() {
     for i in 0..2 {
         append(&c, "/keep", &format!("k{i}")).await;
         let before = metric(&c, "picomq_checkpoints_total").await;
-        eventually(Duration::from_secs(10), || {
-            let c = c.clone();
-            async move { (metric(&c, "picomq_checkpoints_total").await > before).then_some(()) }
-        })
-        .await;
+        let next = settled(&c, "picomq_checkpoints_total", before + 1.0, Duration::ZERO);
+        tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("a checkpoint within 10 s");
     }
     // A stream written and deleted within one checkpoint interval, then nothing.
     let deleted_before = metric(&c, "picomq_gc_objects_deleted_total").await;

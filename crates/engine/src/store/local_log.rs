@@ -276,8 +276,7 @@ impl EntryHead {
 /// log one would keep the whole log, with the bytes of every object deleted from it,
 /// for ever; in a log of its own it keeps a few hundred bytes.
 fn kept_forever(key: &str, data: &[u8]) -> bool {
-    key.strip_prefix(crate::fencing::CLAIMS_PREFIX)
-        .is_some_and(|rest| rest.starts_with('/'))
+    crate::fencing::parse_claim_key(key).is_some()
         || data.starts_with(crate::wal::format::SEAL_MAGIC)
 }
 
