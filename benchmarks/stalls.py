@@ -5,14 +5,16 @@ were due) holding requests slower than the p99, merged into runs. A tail made of
 runs is stalls (the server, its disk or the machine stopped for that long); one spread
 thin over the whole window is queueing.
 
-    python3 benchmarks/stalls.py TRACE [SLICE_MS] [--syncs PERF_SCRIPT]
+    python3 benchmarks/stalls.py TRACE [SLICE_MS] [--syncs PERF_SCRIPT] [--cpu SAMPLES]
 
 (default slice: 20 ms). Each run is printed with its start on CLOCK_MONOTONIC too, to
 find it in a `perf record -k CLOCK_MONOTONIC` taken alongside. With --syncs, the
 output of `perf script -F tid,time,event` over the fdatasync tracepoints
 (syscalls:sys_enter_fdatasync / sys_exit_fdatasync, as benchmarks/stalls.sh records
 them), each run also names the slowest fdatasync that was under way during it or in
-the 100 ms before it.
+the 100 ms before it. With --cpu, the samples of benchmarks/cpu-sample.py taken
+alongside, each run also gets the machine's steal and idle shares over it and the 50 ms
+before it, against the whole window's and the spread over its 100 ms slices.
 """
 import re
 import sys
@@ -36,9 +38,41 @@ def load_syncs(path):
     return sorted(spans)
 
 
+def load_cpu(path):
+    """(monotonic_us, [user nice system idle iowait irq softirq steal]) samples."""
+    samples = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 9:
+                samples.append((int(parts[0]), [int(x) for x in parts[1:]]))
+    return samples
+
+
+def cpu_share(samples, lo_us, hi_us):
+    """(steal, idle) shares of all CPU ticks between the last sample at or before
+    `lo_us` and the first at or after `hi_us`; None when there are no such two."""
+    before = [s for s in samples if s[0] <= lo_us]
+    after = [s for s in samples if s[0] >= hi_us]
+    if not before or not after:
+        return None
+    a, b = before[-1][1], after[0][1]
+    ticks = [y - x for x, y in zip(a, b)]
+    total = sum(ticks)
+    if total == 0:
+        return None
+    return ticks[7] / total, ticks[3] / total
+
+
 def main():
     args = sys.argv[1:]
-    syncs = None
+    syncs, cpu = None, None
+    if "--cpu" in args:
+        i = args.index("--cpu")
+        if i + 1 >= len(args):
+            sys.exit(__doc__)
+        cpu = load_cpu(args[i + 1])
+        del args[i : i + 2]
     if "--syncs" in args:
         i = args.index("--syncs")
         if i + 1 >= len(args):
@@ -99,7 +133,8 @@ def main():
         f"slices; the largest:"
     )
     head = "  from (s into window)  monotonic s      length ms  above p99  worst ms  send lag ms"
-    print(head + ("  slowest fdatasync ms" if syncs is not None else ""))
+    head += "  slowest fdatasync ms" if syncs is not None else ""
+    print(head + ("  steal  idle" if cpu is not None else ""))
     for first, last, n, worst, lag in runs[:15]:
         at = window[0] + first * slice_us
         line = (
@@ -110,9 +145,26 @@ def main():
             lo, hi = at + zero - 100_000, window[0] + (last + 1) * slice_us + zero
             near = [e - s for s, e in syncs if s < hi and e > lo]
             line += f"  {max(near) / 1000:20.1f}" if near else f"  {'-':>20}"
+        if cpu is not None:
+            end = window[0] + (last + 1) * slice_us + zero
+            share = cpu_share(cpu, at + zero - 50_000, end)
+            line += f"  {share[0]:5.0%}  {share[1]:4.0%}" if share else "      -     -"
         print(line)
     share = sum(r[2] for r in runs[:3]) / above if above else 0
     print(f"the three largest runs hold {share:.0%} of the requests above the p99")
+    if cpu:
+        whole = cpu_share(cpu, window[0] + zero, window[1] + zero)
+        slices = [
+            cpu_share(cpu, t, t + 100_000)
+            for t in range(window[0] + zero, window[1] + zero - 100_000, 100_000)
+        ]
+        steal = sorted(x[0] for x in slices if x)
+        if whole and steal:
+            print(
+                f"machine over the window: steal {whole[0]:.1%}, idle {whole[1]:.1%}; steal per "
+                f"100 ms slice p50 {steal[len(steal) // 2]:.0%}, p90 "
+                f"{steal[int(len(steal) * 0.9)]:.0%}, max {steal[-1]:.0%}"
+            )
     if syncs:
         durations = sorted((e - s) / 1000 for s, e in syncs)
         slow = sum(1 for d in durations if d > 10)

@@ -3,7 +3,8 @@
 # target's shape), every request traced (`picomq bench --trace`) while perf times the
 # server's fdatasync calls on the same clock. For each run, stalls.py prints the runs
 # of requests slower than the p99 and the slowest fdatasync under way during each
-# (or in the 100 ms before it). Default configuration, a fresh server per run.
+# (or in the 100 ms before it), and the machine's steal and idle shares over it
+# (benchmarks/cpu-sample.py). Default configuration, a fresh server per run.
 # Needs perf (Debian: linux-perf) and the right to trace (root, or
 # kernel.perf_event_paranoid <= 1 with access to tracefs).
 # Output: results/stalls.txt (+ JSON reports in results/json/stalls/).
@@ -35,17 +36,23 @@ for i in $(seq "$RUNS"); do
     -e syscalls:sys_exit_fdatasync -p "$SERVER_PID" -o "$WORK/stalls-$i.perf" 2>/dev/null &
   perf_pid=$!
   PIDS+=("$perf_pid")
+  python3 "$BENCH_DIR/cpu-sample.py" "$WORK/stalls-$i.cpu" 25 &
+  sampler_pid=$!
+  PIDS+=("$sampler_pid")
   sleep 1 # perf attached before the first request
   # shellcheck disable=SC2086
   bench "$JSON/run-$i.json" "$port" "stalls $i" $SHAPE --trace "$WORK/stalls-$i.trace"
   kill -INT "$perf_pid"
   wait "$perf_pid" 2>/dev/null || true
+  kill "$sampler_pid" 2>/dev/null || true
+  wait "$sampler_pid" 2>/dev/null || true
   stop_server
   perf script -i "$WORK/stalls-$i.perf" -F tid,time,event >"$WORK/stalls-$i.syncs" 2>/dev/null
   {
     echo
     echo "## run $i"
-    python3 "$BENCH_DIR/stalls.py" "$WORK/stalls-$i.trace" 20 --syncs "$WORK/stalls-$i.syncs"
+    python3 "$BENCH_DIR/stalls.py" "$WORK/stalls-$i.trace" 20 --syncs "$WORK/stalls-$i.syncs" \
+      --cpu "$WORK/stalls-$i.cpu"
   } | tee -a "$OUT"
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
