@@ -45,7 +45,8 @@ node -e '
   const rows = process.argv.slice(1).map(p => JSON.parse(require("fs").readFileSync(p, "utf8")))
   const f = (v, d = 1) => v == null ? "-" : (+v).toFixed(d)
   const head = ["run", "rec/s", "e2e p50", "e2e p99", "ack p99", "send lag p99", "from send p99",
-    "server us/rec", "server cores", "PUTs/s", "PUT mean ms", "WAL commit p99", "client cores"]
+    "server us/rec", "server cores", "PUTs/s", "PUT mean ms", "WAL commit p99", "client cores",
+    "machine idle"]
   console.log(head.join("\t"))
   for (const r of rows) {
     const a = r.append, e = (r.end_to_end || {}).latency_ms || {}, s = r.server || {}
@@ -53,12 +54,14 @@ node -e '
     console.log([r.label, f(a.records_per_s, 0), f(e.p50), f(e.p99), f(a.ack_latency_ms.p99),
       f((a.send_lag_ms || {}).p99), f((a.from_send_ms || {}).p99),
       f(s.cpu_s_per_million_records), f(cores, 2), f(s.store_puts_per_s, 0),
-      f(s.store_put_ms_mean, 2), f(s.wal_commit_ms_p99), f(r.client.cpu_cores_busy, 2)].join("\t"))
+      f(s.store_put_ms_mean, 2), f(s.wal_commit_ms_p99), f(r.client.cpu_cores_busy, 2),
+      r.machine.cpu_idle_share == null ? "-" : f(r.machine.cpu_idle_share * 100, 0) + "%"].join("\t"))
   }
 ' "${files[@]}" | md_table | tee -a "$OUT"
 {
   echo
   echo "(milliseconds; server cores = server CPU seconds / measured seconds, warm-up excluded;"
-  echo " WAL commit p99 from the server metrics buckets: an op entering the buffer until durable)"
+  echo " WAL commit p99 from the server metrics buckets: an op entering the buffer until durable;"
+  echo " machine idle: the whole machine's idle share over the measured window, /proc/stat)"
 } | tee -a "$OUT"
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"

@@ -67,7 +67,8 @@ run_set() { # TAG [serve flags...]
         if (e) console.log(`e2e ms: p50 ${f(e.p50)} p90 ${f(e.p90)} p99 ${f(e.p99)} p99.9 ${f(e.p999)} max ${f(e.max)}`)
         console.log(`server: store PUT mean ${f(s.store_put_ms_mean, 3)} ms, PUTs/s ${f(s.store_puts_per_s, 1)}, PUTs per 1,000 records ${f(s.store_puts_per_1000_records, 3)}, CPU ${f(s.cpu_s)} s, RSS peak ${f(s.rss_mb_peak_sampled, 1)} MiB; client ${f(r.client.cpu_cores_busy)} cores busy`)
         if (s.append_ms_p50 != null) console.log(`server ms (from /metrics buckets): append p50 ${f(s.append_ms_p50)} p99 ${f(s.append_ms_p99)}, WAL commit p50 ${f(s.wal_commit_ms_p50)} p99 ${f(s.wal_commit_ms_p99)}, store PUT p99 ${f(s.store_put_ms_p99)}`)
-        console.log(`load (1 min): ${f(r.machine.load_1m_before)} before, ${f(r.machine.load_1m_after)} after`)
+        const m = r.machine, pct = (v) => v == null ? "-" : (v * 100).toFixed(1) + "%"
+        console.log(`load (1 min): ${f(m.load_1m_before)} before, ${f(m.load_1m_after)} after; machine over the window: idle ${pct(m.cpu_idle_share)}, steal ${pct(m.cpu_steal_share)}`)
       ' "$JSON/$tag-$r.json"
       echo
     done

@@ -463,9 +463,17 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
     sleep_until_us(from_us).await;
     let before = edge(scraper.as_ref(), w.server_pid).await;
     let client_from = proc::sample_self();
+    let machine_from = proc::machine_ticks();
     sleep_until_us(end_us).await;
     let after = edge(scraper.as_ref(), w.server_pid).await;
     let client_to = proc::sample_self();
+    if let Some((idle, steal)) = machine_from
+        .zip(proc::machine_ticks())
+        .and_then(|(a, b)| a.shares_until(&b))
+    {
+        report.machine.cpu_idle_share = Some(idle);
+        report.machine.cpu_steal_share = Some(steal);
+    }
     let mut trace = Vec::new();
     let mut truncated = false;
     for t in writers {

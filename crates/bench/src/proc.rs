@@ -53,6 +53,50 @@ fn status_kib(status: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The whole machine's CPU time so far, from the first line of /proc/stat (all CPUs,
+/// in clock ticks).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineTicks {
+    /// Idle, including time idle while waiting for I/O.
+    pub idle: u64,
+    /// Time the hypervisor ran something else while this machine wanted a CPU.
+    pub steal: u64,
+    pub total: u64,
+}
+
+impl MachineTicks {
+    /// Shares of all CPU time from `self` to `later` that were idle and stolen.
+    pub fn shares_until(&self, later: &MachineTicks) -> Option<(f64, f64)> {
+        let total = later.total.checked_sub(self.total).filter(|&t| t > 0)? as f64;
+        let idle = later.idle.saturating_sub(self.idle) as f64;
+        let steal = later.steal.saturating_sub(self.steal) as f64;
+        Some((idle / total, steal / total))
+    }
+}
+
+pub fn machine_ticks() -> Option<MachineTicks> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// `cpu  user nice system idle iowait irq softirq steal guest guest_nice`; guest
+/// time is already counted in user and nice, so it is left out of the total.
+fn parse_machine_ticks(stat: &str) -> Option<MachineTicks> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .take(8)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if f.len() < 8 {
+        return None;
+    }
+    Some(MachineTicks {
+        idle: f[3] + f[4],
+        steal: f[7],
+        total: f.iter().sum(),
+    })
+}
+
 /// The 1-minute load average, noted in every report (a busy machine skews results).
 pub fn load_average() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;
@@ -75,6 +119,25 @@ mod tests {
         let status = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
         assert_eq!(status_kib(status, "VmRSS"), Some(1024));
         assert_eq!(status_kib(status, "VmHWM"), Some(2048));
+    }
+
+    #[test]
+    fn machine_ticks_come_from_the_first_line() {
+        let stat = "cpu  100 5 50 800 40 0 5 0 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
+        let t = parse_machine_ticks(stat).unwrap();
+        assert_eq!(
+            t,
+            MachineTicks {
+                idle: 840,
+                steal: 0,
+                total: 1000
+            }
+        );
+        let later = parse_machine_ticks("cpu  250 5 100 1100 40 0 5 100 0 0\n").unwrap();
+        let (idle, steal) = t.shares_until(&later).unwrap();
+        assert!((idle - 0.5).abs() < 1e-9 && (steal - 100.0 / 600.0).abs() < 1e-9);
+        assert_eq!(later.shares_until(&t), None, "time runs forwards only");
+        assert_eq!(parse_machine_ticks("intr 1 2 3\n"), None);
     }
 
     #[cfg(target_os = "linux")]

@@ -56,6 +56,11 @@ pub struct Machine {
     pub cpus: usize,
     pub load_1m_before: Option<f64>,
     pub load_1m_after: Option<f64>,
+    /// Share of the whole machine's CPU time idle over the measured window (server,
+    /// client and everything else together; /proc/stat).
+    pub cpu_idle_share: Option<f64>,
+    /// Share of it the hypervisor gave to something else (steal).
+    pub cpu_steal_share: Option<f64>,
 }
 
 #[derive(Serialize, Debug, Default, Clone)]
@@ -297,12 +302,15 @@ impl Report {
             w.live,
             w.readers
         );
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
         let _ = writeln!(
             o,
-            "machine: {} cpus, load {} before, {} after",
+            "machine: {} cpus, load {} before, {} after; over the window idle {}, steal {}",
             self.machine.cpus,
             opt(self.machine.load_1m_before, ""),
-            opt(self.machine.load_1m_after, "")
+            opt(self.machine.load_1m_after, ""),
+            pct(self.machine.cpu_idle_share),
+            pct(self.machine.cpu_steal_share)
         );
         if let Some(a) = &self.append {
             let _ = writeln!(
@@ -463,6 +471,8 @@ const FIGURES: &[(&str, &str)] = &[
     ("server RSS peak MiB", "/server/rss_mb_peak_sampled"),
     ("server VmHWM MiB", "/server/vm_hwm_mb"),
     ("client CPU cores busy", "/client/cpu_cores_busy"),
+    ("machine idle share", "/machine/cpu_idle_share"),
+    ("machine steal share", "/machine/cpu_steal_share"),
 ];
 
 fn figure(report: &Value, pointer: &str) -> Option<f64> {

@@ -94,6 +94,17 @@ async fn a_short_append_run_reports_acked_records_and_costs() {
     assert!(s["store_puts_per_1000_records"].as_f64().unwrap() > 0.0);
     assert!(s["cpu_s"].as_f64().is_some());
     assert!(s["vm_hwm_mb"].as_f64().unwrap() > 0.0);
+
+    // The machine's idle and steal over the window: shares, and a busy bench leaves
+    // less than all of it idle.
+    let m = &report["machine"];
+    let idle = m["cpu_idle_share"].as_f64().unwrap();
+    let steal = m["cpu_steal_share"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&idle), "{report:#}");
+    assert!(
+        (0.0..=1.0).contains(&steal) && idle + steal <= 1.0,
+        "{report:#}"
+    );
 }
 
 /// Under --rate the acknowledgement latency is split into the client's send lag and
