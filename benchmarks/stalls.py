@@ -64,21 +64,22 @@ def cpu_share(samples, lo_us, hi_us):
     return ticks[7] / total, ticks[3] / total
 
 
+def take_option(args, name, load):
+    """Removes `name FILE` from args and returns load(FILE), or None without it."""
+    if name not in args:
+        return None
+    i = args.index(name)
+    if i + 1 >= len(args):
+        sys.exit(__doc__)
+    value = load(args[i + 1])
+    del args[i : i + 2]
+    return value
+
+
 def main():
     args = sys.argv[1:]
-    syncs, cpu = None, None
-    if "--cpu" in args:
-        i = args.index("--cpu")
-        if i + 1 >= len(args):
-            sys.exit(__doc__)
-        cpu = load_cpu(args[i + 1])
-        del args[i : i + 2]
-    if "--syncs" in args:
-        i = args.index("--syncs")
-        if i + 1 >= len(args):
-            sys.exit(__doc__)
-        syncs = load_syncs(args[i + 1])
-        del args[i : i + 2]
+    cpu = take_option(args, "--cpu", load_cpu)
+    syncs = take_option(args, "--syncs", load_syncs)
     if len(args) not in (1, 2):
         sys.exit(__doc__)
     path = args[0]

@@ -211,25 +211,26 @@ mod tests {
         );
     }
 
+    /// A body of unknown length (chunked), arriving in `chunks`.
+    fn streamed(chunks: Vec<Vec<u8>>) -> Body {
+        Body::from_stream(futures::stream::iter(
+            chunks.into_iter().map(Ok::<_, std::io::Error>),
+        ))
+    }
+
     #[tokio::test]
     async fn a_body_over_the_limit_is_413_whether_its_length_is_known_or_not() {
+        let limit = |body| read_body(body, 100, Duration::from_secs(5));
         let known = Body::from(vec![0u8; 101]);
-        let err = read_body(known, 100, Duration::from_secs(5))
+        let err = limit(known).await.unwrap_err();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+        let err = limit(streamed(vec![vec![0; 60], vec![0; 60]]))
             .await
             .unwrap_err();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
 
-        let chunks =
-            futures::stream::iter([vec![0u8; 60], vec![0u8; 60]].map(Ok::<_, std::io::Error>));
-        let streamed = Body::from_stream(chunks);
-        let err = read_body(streamed, 100, Duration::from_secs(5))
-            .await
-            .unwrap_err();
-        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
-
-        let chunks =
-            futures::stream::iter([vec![1u8; 50], vec![2u8; 50]].map(Ok::<_, std::io::Error>));
-        let read = read_body(Body::from_stream(chunks), 100, Duration::from_secs(5))
+        let read = limit(streamed(vec![vec![1; 50], vec![2; 50]]))
             .await
             .unwrap();
         assert_eq!(&read[..], [[1u8; 50], [2u8; 50]].concat());
