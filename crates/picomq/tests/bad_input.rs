@@ -178,3 +178,32 @@ async fn malformed_requests_get_json_errors() {
     let r = c.post("/s/text", &text, "still fine").await.unwrap();
     assert_eq!(r.status.as_u16(), 204);
 }
+
+/// A body over the limit by less than the drain allowance (16 MiB) is read and
+/// dropped before the 413: a server that answered and closed with the body unread
+/// left a client still sending it a reset instead of the answer (the Durable Streams
+/// conformance suite's 10 MiB append against the default 8 MiB limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_gets_its_413_not_a_reset() {
+    let dir = TempDir::new("big-body");
+    let server = Server::start(dir.path(), &["--max-append-bytes", "1048576"]).await;
+    let c = server.client.clone();
+    let bytes = [("content-type", "application/octet-stream")];
+    assert_eq!(
+        c.put("/s/b", &bytes, "").await.unwrap().status.as_u16(),
+        201
+    );
+    for size in [12 << 20, 2 << 20] {
+        let resp = c
+            .post("/s/b", &bytes, vec![7u8; size])
+            .await
+            .unwrap_or_else(|e| panic!("{size} bytes: no answer, {e}"));
+        assert_eq!(resp.status.as_u16(), 413, "{size} bytes: {}", resp.text());
+        let json: serde_json::Value = serde_json::from_slice(&resp.body).unwrap();
+        assert_eq!(json["error"]["code"], "payload_too_large", "{json}");
+    }
+    // Nothing was appended, and the connection still serves.
+    let resp = c.get("/s/b?offset=-1").await.unwrap();
+    assert_eq!(resp.status.as_u16(), 200);
+    assert!(resp.body.is_empty());
+}
