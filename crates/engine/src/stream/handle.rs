@@ -220,12 +220,9 @@ impl StreamHandle {
             flags: Vec::new(),
             end: from,
         };
-        // First record that ends after `from`.
-        let first = st
-            .cache
-            .partition_point(|c| c.start.0 + c.record.data.len() as u64 <= from.0);
+        let first = first_ending_after(&st.cache, from);
         let mut taken = 0usize;
-        for c in st.cache.iter().skip(first) {
+        for c in st.cache.range(first..) {
             if c.start >= until || (taken >= max_bytes && !out.segments.is_empty()) {
                 break;
             }
@@ -247,6 +244,26 @@ impl StreamHandle {
         }
         Some(out)
     }
+}
+
+/// How many records [`first_ending_after`] looks at from the back before it searches.
+const TAIL_SCAN: usize = 4;
+
+/// Index of the first cached record that ends after `from` (`cache.len()` if none).
+/// Live readers ask for the last record or two, so the back is looked at first; a
+/// binary search over the whole cache (up to a few hundred records, cold in the CPU's
+/// caches) was ~1% of the server's CPU with 64 SSE readers.
+fn first_ending_after(cache: &VecDeque<Cached>, from: Offset) -> usize {
+    let ends_after = |c: &Cached| c.start.0 + c.record.data.len() as u64 > from.0;
+    let mut i = cache.len();
+    for _ in 0..TAIL_SCAN {
+        match i.checked_sub(1) {
+            Some(last) if ends_after(&cache[last]) => i = last,
+            _ => return i,
+        }
+    }
+    // Record ends grow with the index, so the answer is at or below `i`.
+    cache.partition_point(|c| !ends_after(c))
 }
 
 impl DurableListener for StreamHandle {
@@ -335,6 +352,56 @@ impl DurableListener for StreamHandle {
             let front = st.cache.pop_front().expect("front exists");
             st.cache_bytes -= front.record.data.len();
             st.cache_floor = front.start.advance(front.record.data.len() as u64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_of(lens: &[usize]) -> VecDeque<Cached> {
+        let mut at = 100u64;
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let c = Cached {
+                    start: Offset(at),
+                    op_no: i as u64,
+                    record: Record {
+                        ts_ms: 0,
+                        data: Bytes::from(vec![0u8; len]),
+                        flags: 0,
+                    },
+                };
+                at += len as u64;
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_record_ending_after_an_offset_is_found_from_either_end() {
+        for lens in [
+            vec![],
+            vec![5],
+            vec![1, 2, 3],
+            vec![10; 40],
+            (1..30).collect::<Vec<_>>(),
+        ] {
+            let cache = cache_of(&lens);
+            let end = 100 + lens.iter().sum::<usize>() as u64;
+            for from in 90..end + 5 {
+                let expected = cache
+                    .iter()
+                    .position(|c| c.start.0 + c.record.data.len() as u64 > from)
+                    .unwrap_or(cache.len());
+                assert_eq!(
+                    first_ending_after(&cache, Offset(from)),
+                    expected,
+                    "lens {lens:?}, from {from}"
+                );
+            }
         }
     }
 }
