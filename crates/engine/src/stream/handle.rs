@@ -6,8 +6,11 @@
 //! await. The WAL calls back (`on_durable`, `on_indexed`) in log order.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -76,6 +79,17 @@ pub struct State {
     /// The cache holds every durable record from here to the durable tail.
     cache_floor: Offset,
     indexed_op: u64,
+    /// Writers waiting for an op of this stream to become durable ([`DurableOp`]).
+    /// An entry is here exactly while its op is above the durable op: `on_durable`
+    /// takes out the ones it made durable under this lock, with the same update.
+    op_waiters: Vec<OpWaiter>,
+    next_waiter_key: u64,
+}
+
+struct OpWaiter {
+    op_no: u64,
+    key: u64,
+    waker: Waker,
 }
 
 struct Cached {
@@ -144,6 +158,8 @@ impl StreamHandle {
                 cache_bytes: 0,
                 cache_floor: tail,
                 indexed_op: 0,
+                op_waiters: Vec::new(),
+                next_waiter_key: 0,
             }),
             durable,
             last_access_ms: AtomicU64::new(last_access_ms),
@@ -161,6 +177,18 @@ impl StreamHandle {
 
     pub fn subscribe(&self) -> watch::Receiver<DurableView> {
         self.durable.subscribe()
+    }
+
+    /// Resolves with the durable view once op `op_no` of this stream is durable. It
+    /// wakes only for that: a commit wakes the writers whose ops it carried, not
+    /// every writer of the stream as the durable watch does (at the maximum ~0.77
+    /// wake-ups per append found their op still in the buffer).
+    pub fn durable_op(&self, op_no: u64) -> DurableOp<'_> {
+        DurableOp {
+            handle: self,
+            op_no,
+            key: None,
+        }
     }
 
     pub fn touch(&self, now_ms: u64) {
@@ -246,6 +274,55 @@ impl StreamHandle {
     }
 }
 
+/// See [`StreamHandle::durable_op`].
+pub struct DurableOp<'a> {
+    handle: &'a StreamHandle,
+    op_no: u64,
+    /// Set while this waiter is in the stream's `op_waiters`.
+    key: Option<u64>,
+}
+
+impl Future for DurableOp<'_> {
+    type Output = DurableView;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<DurableView> {
+        let this = &mut *self;
+        let mut st = this.handle.lock();
+        let view = *this.handle.durable.borrow();
+        if view.op >= this.op_no {
+            // `on_durable` took the entry out with the update that made it durable.
+            this.key = None;
+            return Poll::Ready(view);
+        }
+        let registered = this
+            .key
+            .and_then(|key| st.op_waiters.iter_mut().find(|w| w.key == key));
+        match registered {
+            Some(w) => w.waker.clone_from(cx.waker()),
+            None => {
+                let key = st.next_waiter_key;
+                st.next_waiter_key += 1;
+                st.op_waiters.push(OpWaiter {
+                    op_no: this.op_no,
+                    key,
+                    waker: cx.waker().clone(),
+                });
+                this.key = Some(key);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for DurableOp<'_> {
+    /// A writer that stops waiting (its connection closed, a timeout) leaves the list.
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            self.handle.lock().op_waiters.retain(|w| w.key != key);
+        }
+    }
+}
+
 /// How many records [`first_ending_after`] looks at from the back before it searches.
 const TAIL_SCAN: usize = 4;
 
@@ -321,7 +398,7 @@ impl DurableListener for StreamHandle {
             }
         }
         // Published under the state lock so no other update interleaves; once per
-        // object, so each waiter of this stream wakes once, not once per op.
+        // object, so each reader of this stream wakes once, not once per op.
         self.durable.send_modify(|v| {
             v.op = *last_op;
             if let Some(tail) = tail {
@@ -338,7 +415,14 @@ impl DurableListener for StreamHandle {
                 v.retention_secs = secs;
             }
         });
+        let done: Vec<OpWaiter> = st
+            .op_waiters
+            .extract_if(.., |w| w.op_no <= *last_op)
+            .collect();
         drop(st);
+        for w in done {
+            w.waker.wake();
+        }
     }
 
     fn on_indexed(&self, op_no: u64) {
@@ -358,7 +442,104 @@ impl DurableListener for StreamHandle {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use std::task::Wake;
+
     use super::*;
+    use crate::wal::format::AppendOp;
+
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn handle() -> StreamHandle {
+        let config = StreamConfig {
+            id: 7,
+            name: "s".into(),
+            content_type: "application/octet-stream".into(),
+            json: false,
+            created_ms: 0,
+            ttl_secs: None,
+            expires_at: None,
+            expires_at_ms: None,
+            fork: None,
+        };
+        StreamHandle::new(
+            config,
+            Offset::ZERO,
+            None,
+            Offset::ZERO,
+            false,
+            None,
+            None,
+            HashMap::new(),
+            Lifecycle::Live,
+            0,
+            1 << 20,
+        )
+    }
+
+    fn append_at(start: u64) -> Op {
+        Op::Append(AppendOp {
+            start: Offset(start),
+            records: vec![Record {
+                ts_ms: 0,
+                flags: 0,
+                data: Bytes::from_static(b"abc"),
+            }],
+            close: false,
+            producer: None,
+            stream_seq: None,
+        })
+    }
+
+    fn poll(fut: &mut DurableOp<'_>, waker: &Arc<CountingWaker>) -> Poll<DurableView> {
+        let waker = Waker::from(waker.clone());
+        Pin::new(fut).poll(&mut Context::from_waker(&waker))
+    }
+
+    #[test]
+    fn a_commit_wakes_only_the_writers_whose_ops_it_made_durable() {
+        let h = handle();
+        let [w1, w2, w3]: [Arc<CountingWaker>; 3] = Default::default();
+        let mut op1 = h.durable_op(1);
+        let mut op2 = h.durable_op(2);
+        let mut op2_again = h.durable_op(2);
+        assert!(poll(&mut op1, &w1).is_pending());
+        assert!(poll(&mut op2, &w2).is_pending());
+        assert!(poll(&mut op2_again, &w3).is_pending());
+        // Polled again with the same waker: still one entry each.
+        assert!(poll(&mut op1, &w1).is_pending());
+        assert_eq!(h.lock().op_waiters.len(), 3);
+
+        h.on_durable(&[(1, append_at(0))]);
+        assert_eq!(w1.0.load(Ordering::SeqCst), 1);
+        assert_eq!(w2.0.load(Ordering::SeqCst), 0, "op 2 is not durable yet");
+        assert_eq!(w3.0.load(Ordering::SeqCst), 0);
+        assert!(matches!(poll(&mut op1, &w1), Poll::Ready(v) if v.op == 1));
+        assert!(poll(&mut op2, &w2).is_pending());
+
+        // A writer that gives up leaves the list.
+        drop(op2_again);
+        assert_eq!(h.lock().op_waiters.len(), 1);
+
+        h.on_durable(&[(2, append_at(3))]);
+        assert_eq!(w2.0.load(Ordering::SeqCst), 1);
+        assert_eq!(w3.0.load(Ordering::SeqCst), 0);
+        assert!(matches!(poll(&mut op2, &w2), Poll::Ready(v) if v.op == 2));
+        assert!(h.lock().op_waiters.is_empty());
+
+        // An op already durable answers at once and is never listed.
+        let mut done = h.durable_op(2);
+        assert!(poll(&mut done, &w1).is_ready());
+        assert!(h.lock().op_waiters.is_empty());
+    }
 
     fn cache_of(lens: &[usize]) -> VecDeque<Cached> {
         let mut at = 100u64;

@@ -705,11 +705,10 @@ impl Engine {
     // ---- durability --------------------------------------------------------------
 
     async fn wait_durable(&self, handle: &StreamHandle, op_no: u64) -> Result<DurableView> {
-        let mut rx = handle.subscribe();
         let mut health = self.inner.wal.health();
         let wait = async {
             loop {
-                let view = *rx.borrow_and_update();
+                let view = handle.view();
                 if view.op >= op_no {
                     return Ok(view);
                 }
@@ -721,7 +720,8 @@ impl Engine {
                     ))
                 })?;
                 tokio::select! {
-                    r = rx.changed() => r.map_err(|_| EngineError::Internal("stream dropped".into()))?,
+                    biased;
+                    view = handle.durable_op(op_no) => return Ok(view),
                     r = health.changed() => r.map_err(|_| EngineError::Unavailable("WAL stopped".into()))?,
                 }
             }
