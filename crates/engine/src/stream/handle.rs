@@ -302,6 +302,9 @@ impl Future for DurableOp<'_> {
             None => {
                 let key = st.next_waiter_key;
                 st.next_waiter_key += 1;
+                // Most streams never have two appends waiting: room for one, not
+                // the four a first push would take, on each of millions of handles.
+                st.op_waiters.reserve_exact(1);
                 st.op_waiters.push(OpWaiter {
                     op_no: this.op_no,
                     key,
