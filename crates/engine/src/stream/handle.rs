@@ -418,14 +418,12 @@ impl DurableListener for StreamHandle {
                 v.retention_secs = secs;
             }
         });
-        let done: Vec<OpWaiter> = st
-            .op_waiters
-            .extract_if(.., |w| w.op_no <= *last_op)
-            .collect();
-        drop(st);
-        for w in done {
+        // Woken under the lock, as the watch's receivers are just above: a wake only
+        // queues the task, and no list is allocated per commit.
+        for w in st.op_waiters.extract_if(.., |w| w.op_no <= *last_op) {
             w.waker.wake();
         }
+        drop(st);
     }
 
     fn on_indexed(&self, op_no: u64) {
