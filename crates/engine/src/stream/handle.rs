@@ -287,10 +287,18 @@ impl Future for DurableOp<'_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<DurableView> {
         let this = &mut *self;
-        let mut st = this.handle.lock();
+        // Durable already (the usual case once woken): no need for the stream's lock.
+        // `on_durable` takes the entry out in the critical section that published
+        // this view, if it has not already.
         let view = *this.handle.durable.borrow();
         if view.op >= this.op_no {
-            // `on_durable` took the entry out with the update that made it durable.
+            this.key = None;
+            return Poll::Ready(view);
+        }
+        let mut st = this.handle.lock();
+        // Read again under the lock: the update and the list go together there.
+        let view = *this.handle.durable.borrow();
+        if view.op >= this.op_no {
             this.key = None;
             return Poll::Ready(view);
         }
@@ -418,12 +426,16 @@ impl DurableListener for StreamHandle {
                 v.retention_secs = secs;
             }
         });
-        // Woken under the lock, as the watch's receivers are just above: a wake only
-        // queues the task, and no list is allocated per commit.
-        for w in st.op_waiters.extract_if(.., |w| w.op_no <= *last_op) {
+        // Woken after the lock is let go: a woken writer may run at once on the
+        // other core, and it must not find the lock held while the rest are woken.
+        let done: Vec<OpWaiter> = st
+            .op_waiters
+            .extract_if(.., |w| w.op_no <= *last_op)
+            .collect();
+        drop(st);
+        for w in done {
             w.waker.wake();
         }
-        drop(st);
     }
 
     fn on_indexed(&self, op_no: u64) {
