@@ -282,6 +282,13 @@ pub struct DurableOp<'a> {
     key: Option<u64>,
 }
 
+impl DurableOp<'_> {
+    fn durable_now(&self) -> Option<DurableView> {
+        let view = *self.handle.durable.borrow();
+        (view.op >= self.op_no).then_some(view)
+    }
+}
+
 impl Future for DurableOp<'_> {
     type Output = DurableView;
 
@@ -290,15 +297,13 @@ impl Future for DurableOp<'_> {
         // Durable already (the usual case once woken): no need for the stream's lock.
         // `on_durable` takes the entry out in the critical section that published
         // this view, if it has not already.
-        let view = *this.handle.durable.borrow();
-        if view.op >= this.op_no {
+        if let Some(view) = this.durable_now() {
             this.key = None;
             return Poll::Ready(view);
         }
         let mut st = this.handle.lock();
-        // Read again under the lock: the update and the list go together there.
-        let view = *this.handle.durable.borrow();
-        if view.op >= this.op_no {
+        // Again under the lock: the update and the list change together there.
+        if let Some(view) = this.durable_now() {
             this.key = None;
             return Poll::Ready(view);
         }
