@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::Request;
-use axum::Router;
+use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -23,6 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
+use tower_service::Service;
 
 use crate::ShutdownSignal;
 
@@ -122,12 +122,19 @@ fn server_config(cert_path: &Path, key_path: &Path) -> Result<rustls::ServerConf
 
 /// Serves `app` on `listener` until `shutdown` fires, then waits for open connections
 /// to finish their requests (the caller bounds that wait).
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     options: ServerOptions,
     shutdown: ShutdownSignal,
-) {
+) where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
     let options = Arc::new(options);
     let slots = Arc::new(Semaphore::new(options.connections_max.max(1)));
     // Every connection holds a receiver; the sender sees them all gone at the end.
@@ -165,13 +172,20 @@ pub async fn serve(
     open_tx.closed().await;
 }
 
-async fn connection(
+async fn connection<S>(
     tcp: TcpStream,
     peer: SocketAddr,
-    app: Router,
+    app: S,
     options: &ServerOptions,
     shutdown: ShutdownSignal,
-) {
+) where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
     match &options.tls {
         None => serve_io(TokioIo::new(tcp), peer, app, options, shutdown).await,
         Some(tls) => {
@@ -187,14 +201,20 @@ async fn connection(
     }
 }
 
-async fn serve_io<I>(
+async fn serve_io<I, S>(
     io: TokioIo<I>,
     peer: SocketAddr,
-    app: Router,
+    app: S,
     options: &ServerOptions,
     shutdown: ShutdownSignal,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
 {
     let first_request = Arc::new(AtomicBool::new(false));
     let seen = first_request.clone();
@@ -206,8 +226,8 @@ async fn serve_io<I>(
         }
         let mut app = app.clone();
         async move {
-            let resp = tower_service::Service::call(&mut app, req.map(Body::new)).await;
-            Ok::<_, Infallible>(resp.unwrap_or_else(|e| match e {}))
+            let resp = app.call(req.map(Body::new)).await;
+            Ok::<_, Infallible>(resp.unwrap_or_else(|never| match never {}))
         }
     });
     let mut builder = Builder::new(TokioExecutor::new());
