@@ -5,6 +5,7 @@
 //! cache or, for older data, from the object store through the index.
 
 pub mod handle;
+mod json_scan;
 mod names;
 pub mod producer;
 pub mod registry;
@@ -1953,12 +1954,23 @@ pub fn json_records(body: &Bytes, allow_empty: bool) -> Result<Vec<Bytes>> {
         |e: serde_json::Error| EngineError::bad_request(format!("body is not valid JSON: {e}"));
     let text = std::str::from_utf8(body)
         .map_err(|_| EngineError::bad_request("body is not valid JSON: not UTF-8"))?;
+    let empty = || EngineError::bad_request("empty JSON array: nothing to append");
+    // The fast scanner answers for most bodies; what it is unsure of (and every
+    // invalid body, for the error's wording) is serde_json's to decide.
+    match json_scan::messages(body) {
+        Some(json_scan::Messages::Array(spans)) if spans.is_empty() && !allow_empty => {
+            return Err(empty())
+        }
+        Some(json_scan::Messages::Array(spans)) => {
+            return Ok(spans.into_iter().map(|span| body.slice(span)).collect())
+        }
+        Some(json_scan::Messages::One(span)) => return Ok(vec![body.slice(span)]),
+        None => {}
+    }
     if text.trim_start().starts_with('[') {
         let items: Vec<&RawValue> = serde_json::from_str(text).map_err(invalid)?;
         if items.is_empty() && !allow_empty {
-            return Err(EngineError::bad_request(
-                "empty JSON array: nothing to append",
-            ));
+            return Err(empty());
         }
         Ok(items
             .iter()
