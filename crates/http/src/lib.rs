@@ -398,6 +398,9 @@ where
     };
     access_log(&id, &method, uri.path(), resp.status(), started);
     let h = resp.headers_mut();
+    // Room for the six below at once: grown one insert at a time, the map rehashed
+    // on the way (~1,900 instructions per request for these inserts, callgrind).
+    h.reserve(6);
     match &app.cors {
         Cors::Any => {
             h.insert(
