@@ -364,8 +364,7 @@ where
             let n = app
                 .request_ids
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            HeaderValue::from_str(&format!("{:x}-{n:x}", app.engine.epoch()))
-                .expect("hex is a valid header")
+            request_id(app.engine.epoch(), n)
         });
     let started = Instant::now();
     // Kept for the access line (the request itself moves into the handler). The path
@@ -435,6 +434,22 @@ where
     resp
 }
 
+/// `{epoch:x}-{n:x}`, the id of a request that brought none, built without `format!`
+/// (~600 instructions per request through the formatting machinery, callgrind).
+fn request_id(epoch: u64, n: u64) -> HeaderValue {
+    fn push_hex(out: &mut Vec<u8>, n: u64) {
+        let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+        for shift in (0..digits).rev() {
+            out.push(b"0123456789abcdef"[(n >> (shift * 4)) as usize & 0xf]);
+        }
+    }
+    let mut id = Vec::with_capacity(33);
+    push_hex(&mut id, epoch);
+    id.push(b'-');
+    push_hex(&mut id, n);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(id)).expect("hex digits and -")
+}
+
 /// A CORS preflight (OPTIONS with Access-Control-Request-Method), answered before
 /// authentication since browsers send no credentials with it.
 fn preflight_response(cors: &Cors, origin: Option<&HeaderValue>) -> Response<Body> {
@@ -496,4 +511,31 @@ async fn readyz(State(app): State<Arc<AppState>>) -> Response<Body> {
         .status(status)
         .body(Body::from(body))
         .expect("valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_read_as_the_formatter_writes_them() {
+        let values = [
+            0,
+            1,
+            9,
+            15,
+            16,
+            255,
+            4096,
+            0xdead_beef,
+            u64::MAX >> 4,
+            u64::MAX,
+        ];
+        for epoch in values {
+            for n in values {
+                let id = request_id(epoch, n);
+                assert_eq!(id.to_str().unwrap(), format!("{epoch:x}-{n:x}"));
+            }
+        }
+    }
 }

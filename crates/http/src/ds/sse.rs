@@ -6,7 +6,6 @@
 //! client's reconnection then gets 401).
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -214,17 +213,19 @@ impl Pump {
             push_data_event(&mut events, &body_of(&chunk), self.encoding);
         }
         self.offset = chunk.next;
-        let offset = self.offset;
-        // Offsets are digits and `_`, cursors digits: nothing to escape.
-        let _ = write!(
-            events,
-            "event: control\ndata:{{\"streamNextOffset\":\"{offset}\""
-        );
+        // Offsets are digits and `_`, cursors digits: nothing to escape. Written
+        // without `write!`, whose formatting machinery cost ~2,400 instructions per
+        // event for these two numbers (callgrind).
+        events.push_str("event: control\ndata:{\"streamNextOffset\":\"");
+        events.push_str(std::str::from_utf8(&self.offset.encode()).expect("digits and _"));
+        events.push('"');
         if chunk.closed {
             events.push_str(",\"streamClosed\":true,\"upToDate\":true");
         } else {
             let cursor = next_cursor(now_secs(), self.client_cursor.as_deref());
-            let _ = write!(events, ",\"streamCursor\":\"{cursor}\"");
+            events.push_str(",\"streamCursor\":\"");
+            push_decimal(&mut events, cursor);
+            events.push('"');
             if chunk.up_to_date {
                 events.push_str(",\"upToDate\":true");
             }
@@ -279,6 +280,21 @@ impl Pump {
 }
 
 /// One `data` event; every line of the payload gets its own `data:` field.
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("digits"));
+}
+
 fn push_data_event(out: &mut String, payload: &[u8], encoding: Encoding) {
     let text = match encoding {
         Encoding::Base64 => base64::engine::general_purpose::STANDARD
@@ -314,6 +330,18 @@ fn push_data_event(out: &mut String, payload: &[u8], encoding: Encoding) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimals_match_the_formatter() {
+        let mut values = vec![0, 1, 9, 10, 99, 100, 4_294_967_296, u64::MAX, u64::MAX - 1];
+        values.extend((0..64).map(|b| 1u64 << b));
+        values.extend((1..20).map(|e| 10u64.pow(e) - 1));
+        for n in values {
+            let mut out = String::from("x");
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+    }
 
     fn data_event(payload: &[u8], encoding: Encoding) -> String {
         let mut out = String::new();
