@@ -120,21 +120,34 @@ fn server_config(cert_path: &Path, key_path: &Path) -> Result<rustls::ServerConf
     Ok(config)
 }
 
-/// Serves `app` on `listener` until `shutdown` fires, then waits for open connections
-/// to finish their requests (the caller bounds that wait).
-pub async fn serve<S>(
-    listener: TcpListener,
-    app: S,
-    options: ServerOptions,
-    shutdown: ShutdownSignal,
-) where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+/// What the port serves: the API (`crate::Api`), or the recovering router. A
+/// service from requests to responses that never fails, cloned per connection.
+pub trait HttpService:
+    Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
         + Clone
         + Send
         + Sync
-        + 'static,
-    S::Future: Send,
+        + 'static
 {
+}
+
+/// Serves `app` on `listener` until `shutdown` fires, then waits for open connections
+/// to finish their requests (the caller bounds that wait).
+pub async fn serve(
+    listener: TcpListener,
+    app: impl HttpService,
+    options: ServerOptions,
+    shutdown: ShutdownSignal,
+) {
     let options = Arc::new(options);
     let slots = Arc::new(Semaphore::new(options.connections_max.max(1)));
     // Every connection holds a receiver; the sender sees them all gone at the end.
@@ -172,20 +185,13 @@ pub async fn serve<S>(
     open_tx.closed().await;
 }
 
-async fn connection<S>(
+async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
-    app: S,
+    app: impl HttpService,
     options: &ServerOptions,
     shutdown: ShutdownSignal,
-) where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send,
-{
+) {
     match &options.tls {
         None => serve_io(TokioIo::new(tcp), peer, app, options, shutdown).await,
         Some(tls) => {
@@ -201,20 +207,14 @@ async fn connection<S>(
     }
 }
 
-async fn serve_io<I, S>(
+async fn serve_io<I>(
     io: TokioIo<I>,
     peer: SocketAddr,
-    app: S,
+    app: impl HttpService,
     options: &ServerOptions,
     shutdown: ShutdownSignal,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send,
 {
     let first_request = Arc::new(AtomicBool::new(false));
     let seen = first_request.clone();

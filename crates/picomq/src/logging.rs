@@ -251,21 +251,6 @@ fn push_time(line: &mut String, time: SystemTime) {
     line.push('Z');
 }
 
-/// Appends `value` in decimal without the `fmt` machinery.
-fn push_u64(line: &mut String, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    line.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
-}
-
 /// ` message key=value …`: strings quoted and escaped as `{:?}` would.
 struct TextFields<'a>(&'a mut String);
 
@@ -292,7 +277,7 @@ impl Visit for TextFields<'_> {
         self.0.push(' ');
         self.0.push_str(field.name());
         self.0.push('=');
-        push_u64(self.0, value);
+        picomq_http::digits::push_decimal(self.0, value);
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
@@ -328,7 +313,7 @@ impl Visit for JsonFields<'_> {
 
     fn record_u64(&mut self, field: &Field, value: u64) {
         self.key(field);
-        push_u64(self.line, value);
+        picomq_http::digits::push_decimal(self.line, value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
@@ -456,7 +441,7 @@ mod tests {
         }
         for v in [0, 7, 10, 42, 999, 1_000_000, u64::MAX] {
             let mut line = String::new();
-            push_u64(&mut line, v);
+            picomq_http::digits::push_decimal(&mut line, v);
             assert_eq!(line, v.to_string());
         }
     }

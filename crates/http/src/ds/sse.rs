@@ -224,7 +224,7 @@ impl Pump {
         } else {
             let cursor = next_cursor(now_secs(), self.client_cursor.as_deref());
             events.push_str(",\"streamCursor\":\"");
-            push_decimal(&mut events, cursor);
+            crate::digits::push_decimal(&mut events, cursor);
             events.push('"');
             if chunk.up_to_date {
                 events.push_str(",\"upToDate\":true");
@@ -280,21 +280,6 @@ impl Pump {
 }
 
 /// One `data` event; every line of the payload gets its own `data:` field.
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(&digits[at..]).expect("digits"));
-}
-
 fn push_data_event(out: &mut String, payload: &[u8], encoding: Encoding) {
     let text = match encoding {
         Encoding::Base64 => base64::engine::general_purpose::STANDARD
@@ -330,18 +315,6 @@ fn push_data_event(out: &mut String, payload: &[u8], encoding: Encoding) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decimals_match_the_formatter() {
-        let mut values = vec![0, 1, 9, 10, 99, 100, 4_294_967_296, u64::MAX, u64::MAX - 1];
-        values.extend((0..64).map(|b| 1u64 << b));
-        values.extend((1..20).map(|e| 10u64.pow(e) - 1));
-        for n in values {
-            let mut out = String::from("x");
-            push_decimal(&mut out, n);
-            assert_eq!(out, format!("x{n}"));
-        }
-    }
 
     fn data_event(payload: &[u8], encoding: Encoding) -> String {
         let mut out = String::new();
