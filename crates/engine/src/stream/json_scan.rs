@@ -34,25 +34,13 @@ pub(crate) fn messages(body: &[u8]) -> Option<Messages> {
     let mut s = Scanner { b: body, i: 0 };
     s.whitespace();
     let found = if s.peek()? == b'[' {
-        s.i += 1;
         let mut spans = Vec::new();
-        s.whitespace();
-        if s.peek()? == b']' {
-            s.i += 1;
-        } else {
-            loop {
-                s.whitespace();
-                let start = s.i;
-                s.value(1)?;
-                spans.push(start..s.i);
-                s.whitespace();
-                match s.next()? {
-                    b',' => continue,
-                    b']' => break,
-                    _ => return None,
-                }
-            }
-        }
+        s.items(b']', |s| {
+            let start = s.i;
+            s.value(1)?;
+            spans.push(start..s.i);
+            Some(())
+        })?;
         Messages::Array(spans)
     } else {
         let start = s.i;
@@ -91,56 +79,45 @@ impl Scanner<'_> {
         }
         match self.peek()? {
             b'"' => self.string(),
-            b'{' => {
-                self.i += 1;
-                self.whitespace();
-                if self.peek()? == b'}' {
-                    self.i += 1;
-                    return Some(());
+            b'{' => self.items(b'}', |s| {
+                if s.peek()? != b'"' {
+                    return None;
                 }
-                loop {
-                    self.whitespace();
-                    if self.peek()? != b'"' {
-                        return None;
-                    }
-                    self.string()?;
-                    self.whitespace();
-                    if self.next()? != b':' {
-                        return None;
-                    }
-                    self.whitespace();
-                    self.value(depth + 1)?;
-                    self.whitespace();
-                    match self.next()? {
-                        b',' => continue,
-                        b'}' => return Some(()),
-                        _ => return None,
-                    }
+                s.string()?;
+                s.whitespace();
+                if s.next()? != b':' {
+                    return None;
                 }
-            }
-            b'[' => {
-                self.i += 1;
-                self.whitespace();
-                if self.peek()? == b']' {
-                    self.i += 1;
-                    return Some(());
-                }
-                loop {
-                    self.whitespace();
-                    self.value(depth + 1)?;
-                    self.whitespace();
-                    match self.next()? {
-                        b',' => continue,
-                        b']' => return Some(()),
-                        _ => return None,
-                    }
-                }
-            }
+                s.whitespace();
+                s.value(depth + 1)
+            }),
+            b'[' => self.items(b']', |s| s.value(depth + 1)),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
             b'-' | b'0'..=b'9' => self.number(),
             _ => None,
+        }
+    }
+
+    /// From an opening bracket to after `close`: items separated by commas, each
+    /// read by `item` from its first non-blank byte.
+    fn items(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.i += 1;
+        self.whitespace();
+        if self.peek()? == close {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            self.whitespace();
+            item(self)?;
+            self.whitespace();
+            match self.next()? {
+                b',' => continue,
+                c if c == close => return Some(()),
+                _ => return None,
+            }
         }
     }
 
