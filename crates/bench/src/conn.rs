@@ -1,7 +1,9 @@
-//! Bench connections: one hyper connection per [`Conn`], no pool, so the number of
+//! Bench connections for everything but the writers (stream creation, live readers,
+//! catch-up, /metrics): one hyper connection per [`Conn`], no pool, so the number of
 //! TCP connections is exactly what the workload asks for and a request costs no pool
 //! bookkeeping. HTTP/1.1 sends one request at a time per connection (no pipelining);
-//! HTTP/2 (h2c, prior knowledge) multiplexes.
+//! HTTP/2 (h2c, prior knowledge) multiplexes. The writers have lanes of their own
+//! (h1.rs, h2c.rs).
 
 use std::net::SocketAddr;
 
@@ -60,19 +62,6 @@ impl Target {
 }
 
 impl Conn {
-    /// Another handle on the same HTTP/2 connection (`None` for HTTP/1.1, which
-    /// carries one request at a time, or when not connected yet).
-    pub fn share(&self) -> Option<Conn> {
-        match &self.sender {
-            Some(Sender::H2(s)) => Some(Conn {
-                target: self.target.clone(),
-                host: self.host.clone(),
-                sender: Some(Sender::H2(s.clone())),
-            }),
-            _ => None,
-        }
-    }
-
     /// Connects now rather than on the first request.
     pub async fn establish(&mut self) -> Result<(), BenchError> {
         if self.sender.is_none() {

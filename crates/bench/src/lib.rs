@@ -16,6 +16,7 @@ pub mod config;
 pub mod conn;
 pub mod driver;
 pub mod h1;
+pub mod h2c;
 pub mod live;
 pub mod pacer;
 pub mod payload;

@@ -119,7 +119,14 @@ fn main() -> std::process::ExitCode {
             start_allocator_collector();
             runtime.block_on(serve::run(*args))
         }
-        Command::Bench(args) => runtime.block_on(picomq_bench::run(*args)),
+        Command::Bench(args) => {
+            // The bench logs nothing. Without a subscriber, every span h2 and hyper
+            // open per request would also go through the `log` crate (sqlx turns on
+            // tracing's `log` feature): 2-3% of the client's CPU.
+            let _ =
+                tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::new());
+            runtime.block_on(picomq_bench::run(*args))
+        }
         Command::Client(command) => runtime.block_on(cli::run(command)),
     }
 }

@@ -202,6 +202,45 @@ async fn an_open_loop_run_splits_the_ack_into_send_lag_and_from_send() {
     assert!(closed["append"].get("send_lag_ms").is_none(), "{closed:#}");
 }
 
+/// --http2 multiplexes the writers over a few h2c connections (the lane speaks only
+/// HTTP/2, so a run that acknowledges anything spoke it) and every record arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_run_multiplexes_writers_and_loses_nothing() {
+    let dir = TempDir::new("bench-h2");
+    let server = Server::start(dir.path(), &[]).await;
+    let url = format!("{}/v1/stream", server.url);
+    let report = bench(&[
+        &url,
+        "--http2",
+        "--connections",
+        "2",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--streams",
+        "3",
+        "--in-flight",
+        "16",
+        "--record-bytes",
+        "200",
+        "--catch-up",
+        "10s",
+        "--stream-prefix",
+        "h",
+    ]);
+    let append = &report["append"];
+    assert!(append["records"].as_u64().unwrap() > 0, "{report:#}");
+    assert_eq!(append["errors"], 0, "{report:#}");
+    let catch_up = &report["catch_up"];
+    assert_eq!(catch_up["complete"], true, "{report:#}");
+    let mut on_server = 0;
+    for i in 0..3 {
+        on_server += json_messages(&server.client, &format!("/v1/stream/h-{i}")).await;
+    }
+    assert_eq!(catch_up["records"].as_u64().unwrap(), on_server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_create_workload_creates_every_stream_and_probes_some() {
     let dir = TempDir::new("bench-create");
