@@ -2,7 +2,7 @@
 //! header is spelled and what values it accepts. Names are `HeaderName` constants:
 //! a `&str` name would be parsed and hashed again on every request and response.
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::ApiError;
 
@@ -34,6 +34,18 @@ pub const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
 pub const CORS_ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-retention, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
 pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-start-offset, stream-retention, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
+
+/// Marks a value that is new in (nearly) every response as never to be indexed by
+/// HPACK, HTTP/2's header compression. Indexed, each response's offset, ETag or request
+/// id went into the connection's 4 KiB header table, evicted the values that do repeat
+/// (the CORS list, ~300 bytes, then sent again in full), and made the encoder compare
+/// it with every earlier value of that header still in the table: ~6,600 instructions
+/// per HTTP/2 append (callgrind). Never indexed, it is sent as a literal, which it
+/// would have been anyway. HTTP/1.1 ignores the mark.
+pub fn never_indexed(mut v: HeaderValue) -> HeaderValue {
+    v.set_sensitive(true);
+    v
+}
 
 /// Largest integer a JavaScript client can represent exactly (2^53 - 1).
 pub const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;

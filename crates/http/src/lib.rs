@@ -442,7 +442,8 @@ fn request_id(epoch: u64, n: u64) -> HeaderValue {
     digits::push_hex(&mut id, epoch);
     id.push(b'-');
     digits::push_hex(&mut id, n);
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(id)).expect("hex digits and -")
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from(id)).expect("hex digits and -");
+    headers::never_indexed(id)
 }
 
 /// A CORS preflight (OPTIONS with Access-Control-Request-Method), answered before

@@ -149,3 +149,32 @@ async fn the_guard_covers_stream_paths_and_server_paths() {
     assert_eq!(resp.status(), StatusCode::OK, "{body}");
     assert!(body.contains("v1/s"), "{body}");
 }
+
+/// Values new in every response (the next offset, a generated request id) are marked
+/// never to be indexed by HTTP/2's header compression, so they do not churn a
+/// connection's header table; values that repeat are left indexable.
+#[tokio::test]
+async fn per_response_values_are_never_indexed() {
+    let api = api(false).await;
+    let text = [("content-type", "text/plain")];
+    let (resp, _) = send(&api, Method::PUT, "/v1/stream/hpack", &text, "").await;
+    assert!(resp.status().is_success());
+    for _ in 0..2 {
+        let (resp, _) = send(&api, Method::POST, "/v1/stream/hpack", &text, "x").await;
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+        let h = resp.headers();
+        for name in ["stream-next-offset", "x-request-id"] {
+            assert!(h[name].is_sensitive(), "{name} is indexable: {h:?}");
+        }
+        for name in ["access-control-expose-headers", "x-content-type-options"] {
+            assert!(!h[name].is_sensitive(), "{name} is never indexed: {h:?}");
+        }
+    }
+    let (resp, _) = send(&api, Method::GET, "/v1/stream/hpack?offset=-1", &[], "").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["stream-next-offset"].is_sensitive());
+    // A client's own request id is echoed as it came.
+    let mine = [("content-type", "text/plain"), ("x-request-id", "mine-1")];
+    let (resp, _) = send(&api, Method::POST, "/v1/stream/hpack", &mine, "y").await;
+    assert_eq!(resp.headers()["x-request-id"], "mine-1");
+}

@@ -210,7 +210,9 @@ pub async fn read_body(
 /// `Stream-Next-Offset` and friends: the wire form straight into a header value, with
 /// no formatter and no intermediate `String` (one of these is on every response).
 pub fn offset_value(offset: picomq_engine::Offset) -> HeaderValue {
-    HeaderValue::from_bytes(&offset.encode()).expect("an offset is digits and one underscore")
+    let v =
+        HeaderValue::from_bytes(&offset.encode()).expect("an offset is digits and one underscore");
+    crate::headers::never_indexed(v)
 }
 
 /// A header value from server-controlled or validated text.
