@@ -33,6 +33,10 @@ run_set() { # TAG [serve flags...]
   bench "$JSON/$tag-lone.json" "$port" "$tag lone" $LONE
   # shellcheck disable=SC2086
   bench "$JSON/$tag-many.json" "$port" "$tag 1KiB x1 x64 streams" $MANY
+  # The same over HTTP/2 (h2c): the 512 requests in flight share 4 connections, so
+  # the kernel's per-request socket work is shared too.
+  # shellcheck disable=SC2086
+  bench "$JSON/$tag-many-h2.json" "$port" "$tag 1KiB x1 x64 streams, HTTP/2" $MANY --http2 --connections 4
   # shellcheck disable=SC2086
   bench "$JSON/$tag-batched.json" "$port" "$tag 100B x10 x4 streams" $BATCHED
   # Live delivery at half the maximum measured above, same shape, one SSE reader
@@ -53,13 +57,13 @@ run_set() { # TAG [serve flags...]
   stop_server
   {
     echo "## $tag: picomq serve $*"
-    for r in lone many batched live live-max live-half; do
+    for r in lone many many-h2 batched live live-max live-half; do
       echo "### $r: $(fig "$JSON/$tag-$r.json" label)"
       node -e '
         const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))
         const w = r.workload, a = r.append || {}, l = a.ack_latency_ms || {}, e = (r.end_to_end || {}).latency_ms, s = r.server
         const f = (v, d = 2) => v == null ? "-" : (+v).toFixed(d)
-        console.log(`settings: ${w.record_bytes} B x ${w.records_per_request}/request, ${w.streams} streams, ${w.in_flight} in flight, rate ${w.target_records_per_s ?? "max"}, ${w.duration_s}s (+${w.warmup_s}s warm-up), live ${w.live}`)
+        console.log(`settings: ${w.record_bytes} B x ${w.records_per_request}/request, ${w.streams} streams, ${w.in_flight} in flight on ${w.connections} HTTP/${w.http ?? "1.1"} connections, rate ${w.target_records_per_s ?? "max"}, ${w.duration_s}s (+${w.warmup_s}s warm-up), live ${w.live}`)
         console.log(`append: ${f(a.records_per_s, 0)} records/s, ${f(a.mib_per_s, 1)} MiB/s, errors ${a.errors}`)
         console.log(`ack ms: p50 ${f(l.p50)} p90 ${f(l.p90)} p99 ${f(l.p99)} p99.9 ${f(l.p999)} max ${f(l.max)}`)
         const g = a.send_lag_ms, t = a.from_send_ms

@@ -42,6 +42,8 @@ pub struct WorkloadInfo {
     pub records_per_request: usize,
     pub in_flight: usize,
     pub connections: usize,
+    /// The writers' protocol: "1.1", or "2" (h2c).
+    pub http: String,
     pub streams: usize,
     pub target_records_per_s: Option<f64>,
     pub duration_s: f64,
@@ -210,6 +212,7 @@ impl WorkloadInfo {
             records_per_request: w.batch,
             in_flight: w.in_flight,
             connections: w.connections,
+            http: if w.http2 { "2" } else { "1.1" }.into(),
             streams: w.streams,
             target_records_per_s: w.rate,
             duration_s: w.duration.as_secs_f64(),
@@ -286,12 +289,13 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "workload: {} | {} B records x {}/request | {} in flight on {} connections | {} streams | rate {} | {}s + {}s warm-up | {} | live {} ({} readers)",
+            "workload: {} | {} B records x {}/request | {} in flight on {} HTTP/{} connections | {} streams | rate {} | {}s + {}s warm-up | {} | live {} ({} readers)",
             w.kind,
             w.record_bytes,
             w.records_per_request,
             w.in_flight,
             w.connections,
+            w.http,
             w.streams,
             w.target_records_per_s
                 .map(|r| format!("{} rec/s", num(r)))

@@ -229,6 +229,8 @@ async fn an_http2_run_multiplexes_writers_and_loses_nothing() {
         "--stream-prefix",
         "h",
     ]);
+    assert_eq!(report["workload"]["http"], "2");
+    assert_eq!(report["workload"]["connections"], 2);
     let append = &report["append"];
     assert!(append["records"].as_u64().unwrap() > 0, "{report:#}");
     assert_eq!(append["errors"], 0, "{report:#}");
