@@ -583,10 +583,9 @@ impl Engine {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
                 None if !self.inner.names.may_contain(name) => return Ok(None),
-                None => match self
-                    .load(self.inner.meta.stream_by_name(name).await?)
-                    .await?
-                {
+                // Boxed, like the other rare branches below: a future is as large as
+                // its largest branch, and every append's is moved into a box.
+                None => match Box::pin(self.load_by_name(name)).await? {
                     Some(h) => h,
                     None => return Ok(None),
                 },
@@ -612,15 +611,20 @@ impl Engine {
             }
             if view.lifecycle == Lifecycle::Live && handle.is_expired(now_ms()) {
                 if lifecycle_held {
-                    self.delete_locked(handle.clone()).await?;
+                    Box::pin(self.delete_locked(handle.clone())).await?;
                 } else {
-                    self.expire(&handle).await?;
+                    Box::pin(self.expire(&handle)).await?;
                 }
                 continue;
             }
             return Ok(Some(handle));
         }
         Err(changing_too_fast())
+    }
+
+    /// A stream not in memory, from the metadata store.
+    async fn load_by_name(&self, name: &str) -> Result<Option<Arc<StreamHandle>>> {
+        self.load(self.inner.meta.stream_by_name(name).await?).await
     }
 
     async fn lookup_id(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {

@@ -64,12 +64,16 @@ pub async fn handle(
         }
         Some(_) => Caller::Open,
     };
+    // Every request's future is as large as its largest branch and is moved into a
+    // box per request: the append's branch is inline, the others are boxed, so an
+    // append's future is 3,456 bytes instead of 5,096 (with the engine's rare
+    // branches boxed too).
     match method {
-        Method::PUT => write::create(&app, &caller, name, &headers, body).await,
+        Method::PUT => Box::pin(write::create(&app, &caller, name, &headers, body)).await,
         Method::POST => write::append(&app, name, &headers, body).await,
-        Method::DELETE => write::delete(&app, name).await,
-        Method::HEAD => read::head(&app, name).await,
-        Method::GET => read::get(&app, &caller, name, uri.query(), &headers).await,
+        Method::DELETE => Box::pin(write::delete(&app, name)).await,
+        Method::HEAD => Box::pin(read::head(&app, name)).await,
+        Method::GET => Box::pin(read::get(&app, &caller, name, uri.query(), &headers)).await,
         _ => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
