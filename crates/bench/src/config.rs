@@ -78,7 +78,9 @@ pub struct RunArgs {
     /// Append requests in flight at once.
     #[arg(long, default_value_t = 64)]
     pub in_flight: usize,
-    /// TCP connections for appends [default: --in-flight with HTTP/1.1, 1 with HTTP/2].
+    /// TCP connections for appends [default: --in-flight with HTTP/1.1; with HTTP/2
+    /// one per 128 in flight, since servers commonly cap a connection's concurrent
+    /// streams at 100-250 (PicoMQ at 200)].
     #[arg(long)]
     pub connections: Option<usize>,
     /// Streams written (round robin); for --workload create, streams created.
@@ -189,6 +191,9 @@ pub const RECORD_BYTES_MIN: usize = 32;
 pub const IN_FLIGHT_MAX: usize = 100_000;
 pub const STREAMS_MAX: usize = 100_000_000;
 pub const BODY_BYTES_MAX: usize = 64 << 20;
+/// Requests in flight per HTTP/2 connection when `--connections` is not given: under
+/// the 100-250 concurrent streams servers commonly allow one connection.
+pub const H2_STREAMS_PER_CONNECTION: usize = 128;
 
 impl Workload {
     pub fn from_args(a: &RunArgs) -> Result<Workload, BenchError> {
@@ -229,7 +234,7 @@ impl Workload {
         let connections = match a.connections {
             Some(0) => return bad("--connections must be at least 1".into()),
             Some(c) => c.min(a.in_flight),
-            None if a.http2 => 1,
+            None if a.http2 => a.in_flight.div_ceil(H2_STREAMS_PER_CONNECTION),
             None => a.in_flight,
         };
         let media = a.content_type.split(';').next().unwrap_or("").trim();
@@ -350,6 +355,11 @@ mod tests {
         assert_eq!(w.connections, 32);
         let w = workload(&["http://127.0.0.1:1", "--in-flight", "32", "--http2"]).unwrap();
         assert_eq!(w.connections, 1);
+        // Past one connection's worth of streams, another connection.
+        let w = workload(&["http://127.0.0.1:1", "--in-flight", "512", "--http2"]).unwrap();
+        assert_eq!(w.connections, 4);
+        let w = workload(&["http://127.0.0.1:1", "--in-flight", "129", "--http2"]).unwrap();
+        assert_eq!(w.connections, 2);
     }
 
     #[test]
