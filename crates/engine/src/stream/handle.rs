@@ -330,6 +330,22 @@ impl Future for DurableOp<'_> {
     }
 }
 
+impl StreamHandle {
+    /// Wakes every writer waiting on this stream without completing its wait: the
+    /// WAL's health changed, and each looks at it again (`Engine::wait_durable`).
+    pub fn wake_op_waiters(&self) {
+        let wakers: Vec<Waker> = self
+            .lock()
+            .op_waiters
+            .iter()
+            .map(|w| w.waker.clone())
+            .collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
 impl Drop for DurableOp<'_> {
     /// A writer that stops waiting (its connection closed, a timeout) leaves the list.
     fn drop(&mut self) {

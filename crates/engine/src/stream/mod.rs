@@ -13,6 +13,7 @@ pub mod registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -225,6 +226,9 @@ struct Inner {
     epoch: u64,
     store_stats: Vec<Arc<StoreStats>>,
     counters: ServiceCounters,
+    /// Counts the WAL's health changes; bumped before the writers waiting on any
+    /// stream are woken to look at the health again (`wait_durable`).
+    health_epoch: AtomicU64,
     /// When an at-capacity request last swept for early evictions (ms since epoch).
     pressure_sweep_ms: AtomicU64,
     checkpoints: Arc<CheckpointStats>,
@@ -353,6 +357,7 @@ impl Engine {
             epoch: recovered.epoch,
             store_stats,
             counters: ServiceCounters::default(),
+            health_epoch: AtomicU64::new(0),
             pressure_sweep_ms: AtomicU64::new(0),
             checkpoints: Arc::default(),
             gc: Arc::default(),
@@ -405,7 +410,27 @@ impl Engine {
         if let Some(interval) = engine.inner.config.retention_interval {
             engine.spawn_kept(crate::retention::run(engine.clone(), interval));
         }
+        engine.spawn_kept(engine.clone().wake_waiters_on_health_changes());
         Ok(engine)
+    }
+
+    /// One subscriber to the WAL's health for all waiting writers: each change is
+    /// counted, then every writer waiting on a stream is woken to look at it. Every
+    /// append subscribing itself took the health watch's lock, which all of them
+    /// share, twice per append.
+    async fn wake_waiters_on_health_changes(self) {
+        let mut health = self.inner.wal.health();
+        loop {
+            let stopped = health.changed().await.is_err();
+            self.inner.health_epoch.fetch_add(1, Ordering::SeqCst);
+            // Taken from the registry first: no stream's lock under the registry's.
+            for handle in self.inner.registry.filter(|_| true) {
+                handle.wake_op_waiters();
+            }
+            if stopped {
+                return;
+            }
+        }
     }
 
     /// Runs a background task that lives as long as the engine (aborted at
@@ -710,13 +735,17 @@ impl Engine {
     // ---- durability --------------------------------------------------------------
 
     async fn wait_durable(&self, handle: &StreamHandle, op_no: u64) -> Result<DurableView> {
-        let mut health = self.inner.wal.health();
+        let epoch = &self.inner.health_epoch;
         let wait = async {
             loop {
                 let view = handle.view();
                 if view.op >= op_no {
                     return Ok(view);
                 }
+                // Read before the health: a change after this is counted before the
+                // waiters are woken (`wake_waiters_on_health_changes`), so it is seen
+                // below even if it came before this writer's waker was registered.
+                let seen = epoch.load(Ordering::SeqCst);
                 // Store down or fenced: answer now rather than at the timeout. The
                 // op stays queued (store down) and may still become durable.
                 self.inner.wal.check_health().map_err(|e| {
@@ -724,10 +753,19 @@ impl Engine {
                         "{e}; this write's outcome is unknown, retry with idempotent producer headers"
                     ))
                 })?;
+                // The op's waker is registered first (biased); a health change wakes
+                // it, and the second branch then sees the count move.
+                let health_changed = std::future::poll_fn(|_| {
+                    if epoch.load(Ordering::SeqCst) == seen {
+                        Poll::Pending
+                    } else {
+                        Poll::Ready(())
+                    }
+                });
                 tokio::select! {
                     biased;
                     view = handle.durable_op(op_no) => return Ok(view),
-                    r = health.changed() => r.map_err(|_| EngineError::Unavailable("WAL stopped".into()))?,
+                    () = health_changed => {}
                 }
             }
         };
