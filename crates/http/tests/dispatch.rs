@@ -59,15 +59,25 @@ async fn send(
     (Response::from_parts(parts, Body::empty()), text)
 }
 
+/// What every answer carries.
 fn assert_common_headers(resp: &Response<Body>, what: &str) {
     let h = resp.headers();
-    for name in [
-        "x-request-id",
-        "access-control-allow-origin",
-        "access-control-expose-headers",
-        "x-content-type-options",
-        "cross-origin-resource-policy",
-    ] {
+    for name in ["x-request-id", "x-content-type-options"] {
+        assert!(h.contains_key(name), "{what}: no {name} in {h:?}");
+    }
+}
+
+const BROWSER_HEADERS: [&str; 3] = [
+    "access-control-allow-origin",
+    "access-control-expose-headers",
+    "cross-origin-resource-policy",
+];
+
+/// What a browser needs to read the answer.
+fn assert_browser_headers(resp: &Response<Body>, what: &str) {
+    assert_common_headers(resp, what);
+    let h = resp.headers();
+    for name in BROWSER_HEADERS {
         assert!(h.contains_key(name), "{what}: no {name} in {h:?}");
     }
 }
@@ -86,23 +96,23 @@ async fn stream_paths_and_server_paths_answer_alike() {
     let (resp, body) = send(&api, Method::GET, "/v1/s?offset=-1", &[], "").await;
     assert_eq!((resp.status(), body.as_str()), (StatusCode::OK, "hello"));
     assert_eq!(resp.headers()[header::CONTENT_LENGTH], "5");
-    assert_common_headers(&resp, "GET");
+    assert_browser_headers(&resp, "GET");
     // HEAD: the headers of a read, no body.
     let (resp, body) = send(&api, Method::HEAD, "/v1/s", &[], "").await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(body, "", "HEAD has no body");
-    assert_common_headers(&resp, "HEAD");
+    assert_browser_headers(&resp, "HEAD");
     // An error from the handler is JSON and carries the headers too.
     let (resp, body) = send(&api, Method::GET, "/v1/missing?offset=-1", &[], "").await;
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert!(body.contains("\"error\""), "{body}");
-    assert_common_headers(&resp, "404");
+    assert_browser_headers(&resp, "404");
 
     // The server's own paths, through the router.
     let (resp, body) = send(&api, Method::GET, "/healthz", &[], "").await;
     assert_eq!((resp.status(), body.as_str()), (StatusCode::OK, "ok\n"));
     assert_eq!(resp.headers()[header::CONTENT_LENGTH], "3");
-    assert_common_headers(&resp, "healthz");
+    assert_browser_headers(&resp, "healthz");
     let (resp, _) = send(&api, Method::POST, "/healthz", &[], "").await;
     assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_common_headers(&resp, "405");
@@ -131,7 +141,7 @@ async fn the_guard_covers_stream_paths_and_server_paths() {
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path}");
         // The guard's answer (a bad credential), not a handler's "send one".
         assert!(body.contains("invalid_token"), "{path}: {body}");
-        assert_common_headers(&resp, path);
+        assert_browser_headers(&resp, path);
     }
     // No credential: the stream handler itself asks for one.
     let (resp, body) = send(&api, Method::PUT, "/v1/s", &[], "").await;
@@ -166,15 +176,57 @@ async fn per_response_values_are_never_indexed() {
         for name in ["stream-next-offset", "x-request-id"] {
             assert!(h[name].is_sensitive(), "{name} is indexable: {h:?}");
         }
-        for name in ["access-control-expose-headers", "x-content-type-options"] {
-            assert!(!h[name].is_sensitive(), "{name} is never indexed: {h:?}");
-        }
+        assert!(!h["x-content-type-options"].is_sensitive(), "{h:?}");
     }
     let (resp, _) = send(&api, Method::GET, "/v1/stream/hpack?offset=-1", &[], "").await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(resp.headers()["stream-next-offset"].is_sensitive());
+    let h = resp.headers();
+    assert!(h["stream-next-offset"].is_sensitive());
+    assert!(!h["access-control-expose-headers"].is_sensitive(), "{h:?}");
     // A client's own request id is echoed as it came.
     let mine = [("content-type", "text/plain"), ("x-request-id", "mine-1")];
     let (resp, _) = send(&api, Method::POST, "/v1/stream/hpack", &mine, "y").await;
     assert_eq!(resp.headers()["x-request-id"], "mine-1");
+}
+
+/// Browser-only headers go where a browser can read the answer: any request with an
+/// Origin (browsers send one with every write), and every read (a cache may hand it to
+/// a browser later). A write without an Origin is not a browser's and gets neither.
+#[tokio::test]
+async fn browser_headers_go_where_a_browser_reads() {
+    let api = api(false).await;
+    let text = [("content-type", "text/plain")];
+    let browser = [
+        ("content-type", "text/plain"),
+        ("origin", "https://app.example"),
+    ];
+    let (resp, _) = send(&api, Method::PUT, "/v1/cors", &text, "").await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    for (method, path, with_origin) in [
+        (Method::POST, "/v1/cors", false),
+        (Method::POST, "/v1/cors", true),
+        (Method::PUT, "/v1/cors2", false),
+        (Method::PUT, "/v1/cors3", true),
+        (Method::DELETE, "/v1/cors2", false),
+        (Method::DELETE, "/v1/cors3", true),
+        (Method::GET, "/v1/cors?offset=-1", false),
+        (Method::HEAD, "/v1/cors", false),
+    ] {
+        let hs: &[(&str, &str)] = if with_origin { &browser } else { &text };
+        let (resp, body) = send(&api, method.clone(), path, hs, "x").await;
+        let what = format!("{method} {path} origin={with_origin}");
+        assert!(
+            resp.status().is_success(),
+            "{what}: {} {body}",
+            resp.status()
+        );
+        if with_origin || method == Method::GET || method == Method::HEAD {
+            assert_browser_headers(&resp, &what);
+        } else {
+            assert_common_headers(&resp, &what);
+            for name in BROWSER_HEADERS {
+                assert!(!resp.headers().contains_key(name), "{what}: {name}");
+            }
+        }
+    }
 }
