@@ -67,6 +67,14 @@ pub fn init(filter: &str, json: bool) -> Result<Logging, String> {
         registry.with(fmt.with_filter(not_access)).try_init()
     };
     installed.map_err(|e| format!("installing the logger: {e}"))?;
+    // The filter is fixed for the process, so whether it lets access lines through
+    // is asked once (outside any span: span-scoped directives do not apply to them).
+    picomq_http::set_access_log(Box::new(DirectAccess {
+        sink: sink.clone(),
+        json,
+        info: tracing::enabled!(target: ACCESS_TARGET, Level::INFO),
+        warn: tracing::enabled!(target: ACCESS_TARGET, Level::WARN),
+    }));
     Ok(Logging { sink })
 }
 
@@ -195,31 +203,131 @@ impl<S: Subscriber> Layer<S> for AccessLayer {
         let mut line = String::with_capacity(256);
         let level = meta.level().as_str();
         if self.json {
-            line.push_str(r#"{"timestamp":""#);
-            push_time(&mut line, SystemTime::now());
-            line.push_str(r#"","level":""#);
-            line.push_str(level);
-            line.push_str(r#"","fields":{"#);
+            json_head(&mut line, level);
             event.record(&mut JsonFields {
                 line: &mut line,
                 first: true,
             });
-            line.push_str(r#"},"target":"#);
-            push_json_str(&mut line, meta.target());
-            line.push_str("}\n");
+            json_tail(&mut line, meta.target());
         } else {
-            push_time(&mut line, SystemTime::now());
-            // ` {level:>5}`
-            line.push_str(&"      "[level.len().min(5)..]);
-            line.push_str(level);
-            line.push(' ');
-            line.push_str(meta.target());
-            line.push(':');
+            text_head(&mut line, level, meta.target());
             event.record(&mut TextFields(&mut line));
             line.push('\n');
         }
         self.sink.push(line.as_bytes());
     }
+}
+
+/// Access lines straight from the HTTP layer (`picomq_http::AccessLog`), bypassing
+/// tracing's dispatch, in the shapes [`AccessLayer`] writes.
+struct DirectAccess {
+    sink: Arc<Sink>,
+    json: bool,
+    /// The log's filter lets `picomq::access` through at info, at warn.
+    info: bool,
+    warn: bool,
+}
+
+impl picomq_http::AccessLog for DirectAccess {
+    fn write(&self, l: &picomq_http::AccessLine<'_>) {
+        let failed = l.status >= 500;
+        if !(if failed { self.warn } else { self.info }) {
+            return;
+        }
+        let (level, message) = if failed {
+            (Level::WARN, "request failed")
+        } else {
+            (Level::INFO, "request")
+        };
+        let mut line = String::with_capacity(256);
+        let strs = [("id", l.id), ("method", l.method), ("path", l.path)];
+        let nums = [("status", l.status as u64), ("latency_us", l.latency_us)];
+        if self.json {
+            json_head(&mut line, level.as_str());
+            push_json_str(&mut line, "message");
+            line.push(':');
+            push_json_str(&mut line, message);
+            for (name, value) in strs {
+                line.push(',');
+                push_json_str(&mut line, name);
+                line.push(':');
+                push_json_str(&mut line, value);
+            }
+            for (name, value) in nums {
+                line.push(',');
+                push_json_str(&mut line, name);
+                line.push(':');
+                picomq_http::digits::push_decimal(&mut line, value);
+            }
+            json_tail(&mut line, ACCESS_TARGET);
+        } else {
+            text_head(&mut line, level.as_str(), ACCESS_TARGET);
+            line.push(' ');
+            line.push_str(message);
+            for (name, value) in strs {
+                push_text_str(&mut line, name, value);
+            }
+            for (name, value) in nums {
+                push_text_u64(&mut line, name, value);
+            }
+            line.push('\n');
+        }
+        self.sink.push(line.as_bytes());
+    }
+}
+
+/// `{"timestamp":"…","level":"…","fields":{`
+fn json_head(line: &mut String, level: &str) {
+    line.push_str(r#"{"timestamp":""#);
+    push_time(line, SystemTime::now());
+    line.push_str(r#"","level":""#);
+    line.push_str(level);
+    line.push_str(r#"","fields":{"#);
+}
+
+/// `},"target":"…"}` and the line's end.
+fn json_tail(line: &mut String, target: &str) {
+    line.push_str(r#"},"target":"#);
+    push_json_str(line, target);
+    line.push_str("}\n");
+}
+
+/// `<time>  INFO target:`
+fn text_head(line: &mut String, level: &str, target: &str) {
+    push_time(line, SystemTime::now());
+    // ` {level:>5}`
+    line.push_str(&"      "[level.len().min(5)..]);
+    line.push_str(level);
+    line.push(' ');
+    line.push_str(target);
+    line.push(':');
+}
+
+/// ` name="value"`, the value quoted and escaped as `{:?}` would.
+fn push_text_str(line: &mut String, name: &str, value: &str) {
+    line.push(' ');
+    line.push_str(name);
+    line.push('=');
+    // What `{:?}` prints, without its per-character escape search for the usual
+    // (printable ASCII) id, method and path.
+    if value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        line.push('"');
+        line.push_str(value);
+        line.push('"');
+    } else {
+        let _ = write!(line, "{value:?}");
+    }
+}
+
+/// ` name=value`
+fn push_text_u64(line: &mut String, name: &str, value: u64) {
+    line.push(' ');
+    line.push_str(name);
+    line.push('=');
+    picomq_http::digits::push_decimal(line, value);
 }
 
 /// Appends `time` as RFC 3339 with microseconds (`2026-12-01T05:34:16.659819Z`), as
@@ -256,28 +364,11 @@ struct TextFields<'a>(&'a mut String);
 
 impl Visit for TextFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.push(' ');
-        self.0.push_str(field.name());
-        self.0.push('=');
-        // What `{:?}` prints, without its per-character escape search for the usual
-        // (printable ASCII) id, method and path.
-        if value
-            .bytes()
-            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
-        {
-            self.0.push('"');
-            self.0.push_str(value);
-            self.0.push('"');
-        } else {
-            let _ = write!(self.0, "{value:?}");
-        }
+        push_text_str(self.0, field.name(), value);
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.push(' ');
-        self.0.push_str(field.name());
-        self.0.push('=');
-        picomq_http::digits::push_decimal(self.0, value);
+        push_text_u64(self.0, field.name(), value);
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
@@ -420,6 +511,71 @@ mod tests {
 
     fn log_request(path: &str) {
         tracing::info!(target: "picomq::access", id = "1-a", method = "PUT", path, status = 201u16, latency_us = 42u64, "request");
+    }
+
+    /// What a [`DirectAccess`] with the given filter answers writes for `line`.
+    fn direct_output(json: bool, info: bool, warn: bool, line: &picomq_http::AccessLine) -> String {
+        use picomq_http::AccessLog as _;
+        let sink = Arc::new(Sink::default());
+        let out = Capture::default();
+        {
+            let (sink, mut out) = (sink.clone(), out.clone());
+            std::thread::spawn(move || sink.write_loop(&mut out));
+        }
+        let direct = DirectAccess {
+            sink: sink.clone(),
+            json,
+            info,
+            warn,
+        };
+        direct.write(line);
+        sink.flush(Duration::from_secs(10));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    /// A line without its timestamp (what differs between two writes of it).
+    fn untimed(line: &str) -> &str {
+        match line.find(r#"","level""#) {
+            Some(i) => &line[i..],
+            None => line.split_once(' ').map_or(line, |(_, rest)| rest),
+        }
+    }
+
+    #[test]
+    fn direct_access_lines_read_as_the_layers_lines() {
+        for json in [false, true] {
+            for (path, status) in [("/v1/stream/a", 201u16), ("/x\"y\n\u{e9}\u{1}\\", 503)] {
+                let line = picomq_http::AccessLine {
+                    id: "1-a",
+                    method: "PUT",
+                    path,
+                    status,
+                    latency_us: 42,
+                };
+                let layered = access_output(json, || {
+                    if status >= 500 {
+                        tracing::warn!(target: "picomq::access", id = "1-a", method = "PUT", path, status, latency_us = 42u64, "request failed");
+                    } else {
+                        tracing::info!(target: "picomq::access", id = "1-a", method = "PUT", path, status, latency_us = 42u64, "request");
+                    }
+                });
+                let direct = direct_output(json, true, true, &line);
+                assert!(!direct.is_empty());
+                assert_eq!(untimed(&direct), untimed(&layered), "json {json}");
+            }
+        }
+        // The filter's answers: `picomq::access=warn` keeps only failures.
+        let line = |status| picomq_http::AccessLine {
+            id: "1",
+            method: "GET",
+            path: "/",
+            status,
+            latency_us: 1,
+        };
+        assert_eq!(direct_output(false, false, true, &line(200)), "");
+        assert!(direct_output(false, false, true, &line(500)).contains(" WARN "));
+        assert_eq!(direct_output(true, false, false, &line(500)), "");
     }
 
     #[test]
