@@ -10,7 +10,9 @@
 //! The access line (one per request, target `picomq::access`) has a layer of its own
 //! that writes it without the fmt layer's generic machinery: formatting it there cost
 //! ~10,700 instructions per request, 14% of an append (docs/performance.md). It keeps
-//! the fmt layer's text and JSON shapes.
+//! the fmt layer's text and JSON shapes. The server's own requests do not even go
+//! through tracing: `DirectAccess` takes them from the HTTP layer and writes the same
+//! lines; the layer serves any `picomq::access` event logged otherwise.
 
 use std::fmt::Write as _;
 use std::io::Write;
