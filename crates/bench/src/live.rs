@@ -37,7 +37,9 @@ pub struct SseEvent<'a> {
 impl SseParser {
     /// Feeds a chunk; calls `on_event` for each event it completes.
     pub fn feed(&mut self, mut chunk: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
-        while let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
+        // memchr, not a byte loop: a 1 KiB record is one line, and searching it a byte
+        // at a time was a quarter of the reader's instructions (callgrind).
+        while let Some(nl) = memchr::memchr(b'\n', chunk) {
             let piece = &chunk[..nl];
             chunk = &chunk[nl + 1..];
             if self.line.is_empty() {
@@ -71,7 +73,7 @@ impl SseParser {
             self.has_data = false;
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))

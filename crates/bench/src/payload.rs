@@ -105,7 +105,7 @@ fn stamp_digits(at_us: u64) -> [u8; DIGITS] {
 pub fn scan(data: &[u8], mut found: impl FnMut(u64)) -> u64 {
     let mut n = 0;
     let mut i = 0;
-    while let Some(p) = data[i..].iter().position(|&b| b == b'{') {
+    while let Some(p) = memchr::memchr(b'{', &data[i..]) {
         let at = i + p;
         if data[at..].starts_with(MARKER) {
             let start = at + MARKER.len();
