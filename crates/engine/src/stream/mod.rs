@@ -1994,21 +1994,24 @@ pub fn json_records(body: &Bytes, allow_empty: bool) -> Result<Vec<Bytes>> {
     use serde_json::value::RawValue;
     let invalid =
         |e: serde_json::Error| EngineError::bad_request(format!("body is not valid JSON: {e}"));
-    let text = std::str::from_utf8(body)
-        .map_err(|_| EngineError::bad_request("body is not valid JSON: not UTF-8"))?;
+    let not_utf8 = || EngineError::bad_request("body is not valid JSON: not UTF-8");
     let empty = || EngineError::bad_request("empty JSON array: nothing to append");
     // The fast scanner answers for most bodies; what it is unsure of (and every
-    // invalid body, for the error's wording) is serde_json's to decide.
-    match json_scan::messages(body) {
-        Some(json_scan::Messages::Array(spans)) if spans.is_empty() && !allow_empty => {
-            return Err(empty())
+    // invalid body, for the error's wording) is serde_json's to decide. A body it
+    // found all ASCII needs no UTF-8 check.
+    if let Some((found, ascii)) = json_scan::scan(body) {
+        if !ascii && std::str::from_utf8(body).is_err() {
+            return Err(not_utf8());
         }
-        Some(json_scan::Messages::Array(spans)) => {
-            return Ok(spans.into_iter().map(|span| body.slice(span)).collect())
-        }
-        Some(json_scan::Messages::One(span)) => return Ok(vec![body.slice(span)]),
-        None => {}
+        return match found {
+            json_scan::Messages::Array(spans) if spans.is_empty() && !allow_empty => Err(empty()),
+            json_scan::Messages::Array(spans) => {
+                Ok(spans.into_iter().map(|span| body.slice(span)).collect())
+            }
+            json_scan::Messages::One(span) => Ok(vec![body.slice(span)]),
+        };
     }
+    let text = std::str::from_utf8(body).map_err(|_| not_utf8())?;
     if text.trim_start().starts_with('[') {
         let items: Vec<&RawValue> = serde_json::from_str(text).map_err(invalid)?;
         if items.is_empty() && !allow_empty {
