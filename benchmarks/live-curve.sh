@@ -5,6 +5,10 @@
 # latency, the acknowledgement split into the client's send lag and the time from the
 # send, and what each record cost the server in CPU. Shows how far "half the
 # maximum" is from half the load (docs/performance.md).
+# A control run follows: the same server with `--store memory://` (no disk, no WAL
+# threads, in-memory SQLite) at CONTROL_FRACTION (0.5) of the local store's maximum,
+# to show how much of the live tail at that rate the storage path accounts for
+# (CONTROL_FRACTION= to skip it).
 # Output: results/live-curve.txt (+ JSON reports in results/json/live-curve/).
 #
 #   benchmarks/live-curve.sh
@@ -15,6 +19,7 @@ OUT="$RESULTS/live-curve.txt"
 JSON="$RESULTS/json/live-curve"
 mkdir -p "$JSON"
 FRACTIONS=${FRACTIONS:-"0.25 0.5 0.75"}
+CONTROL_FRACTION=${CONTROL_FRACTION-0.5}
 SHAPE="--record-bytes 1024 --batch 1 --streams 64 --in-flight 512 --duration 15s --warmup 3s --live sse"
 
 {
@@ -40,6 +45,15 @@ for f in $FRACTIONS; do
   files+=("$JSON/at-$f.json")
 done
 stop_server
+if [ -n "$CONTROL_FRACTION" ]; then
+  rate=$(node -e 'console.log(Math.round(process.argv[1] * process.argv[2]))' "$max" "$CONTROL_FRACTION")
+  port=$(free_port)
+  start_picomq "$port" --store memory://
+  # shellcheck disable=SC2086
+  bench "$JSON/memory-at-$CONTROL_FRACTION.json" "$port" "memory store, $CONTROL_FRACTION x max" $SHAPE --rate "$rate"
+  files+=("$JSON/memory-at-$CONTROL_FRACTION.json")
+  stop_server
+fi
 
 node -e '
   const rows = process.argv.slice(1).map(p => JSON.parse(require("fs").readFileSync(p, "utf8")))
@@ -62,6 +76,7 @@ node -e '
   echo
   echo "(milliseconds; server cores = server CPU seconds / measured seconds, warm-up excluded;"
   echo " WAL commit p99 from the server metrics buckets: an op entering the buffer until durable;"
-  echo " machine idle: the whole machine's idle share over the measured window, /proc/stat)"
+  echo " machine idle: the whole machine's idle share over the measured window, /proc/stat;"
+  echo " 'memory store': --store memory://, no disk writes, at that fraction of the local store's max)"
 } | tee -a "$OUT"
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
