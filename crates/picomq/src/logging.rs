@@ -493,22 +493,29 @@ mod tests {
         }
     }
 
-    /// Runs `log` under a subscriber with only the access layer; returns its output.
-    fn access_output(json: bool, log: impl FnOnce()) -> String {
+    /// What `write` pushes into a sink with a running writer, once flushed.
+    fn sink_output(write: impl FnOnce(&Arc<Sink>)) -> String {
         let sink = Arc::new(Sink::default());
         let out = Capture::default();
         {
             let (sink, mut out) = (sink.clone(), out.clone());
             std::thread::spawn(move || sink.write_loop(&mut out));
         }
-        let layer = AccessLayer {
-            sink: sink.clone(),
-            json,
-        };
-        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), log);
+        write(&sink);
         sink.flush(Duration::from_secs(10));
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         text
+    }
+
+    /// Runs `log` under a subscriber with only the access layer; returns its output.
+    fn access_output(json: bool, log: impl FnOnce()) -> String {
+        sink_output(|sink| {
+            let layer = AccessLayer {
+                sink: sink.clone(),
+                json,
+            };
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), log);
+        })
     }
 
     fn log_request(path: &str) {
@@ -518,22 +525,15 @@ mod tests {
     /// What a [`DirectAccess`] with the given filter answers writes for `line`.
     fn direct_output(json: bool, info: bool, warn: bool, line: &picomq_http::AccessLine) -> String {
         use picomq_http::AccessLog as _;
-        let sink = Arc::new(Sink::default());
-        let out = Capture::default();
-        {
-            let (sink, mut out) = (sink.clone(), out.clone());
-            std::thread::spawn(move || sink.write_loop(&mut out));
-        }
-        let direct = DirectAccess {
-            sink: sink.clone(),
-            json,
-            info,
-            warn,
-        };
-        direct.write(line);
-        sink.flush(Duration::from_secs(10));
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text
+        sink_output(|sink| {
+            let direct = DirectAccess {
+                sink: sink.clone(),
+                json,
+                info,
+                warn,
+            };
+            direct.write(line);
+        })
     }
 
     /// A line without its timestamp (what differs between two writes of it).
