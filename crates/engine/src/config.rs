@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::clock::Clock;
+
 #[derive(Clone, Debug)]
 pub struct WalConfig {
     /// Largest WAL object one flush writes; a bigger backlog is split.
@@ -86,10 +88,12 @@ pub struct EngineConfig {
     /// Memory for chunks fetched from the object store (LRU); 0 = no cache.
     pub block_cache_bytes: usize,
     /// How often the age-retention pass trims streams that have a retention (see
-    /// `Engine::retention_pass`); `None` = never.
+    /// `stream::retention`); `None` = never.
     pub retention_interval: Option<Duration>,
     /// Prices for the estimated object-store bill in /metrics.
     pub cost: CostConfig,
+    /// Wall time (tests inject a manual clock).
+    pub clock: Clock,
 }
 
 /// Compaction rewrites old WAL data into read-optimized objects (see `compaction`).
@@ -177,6 +181,7 @@ impl Default for EngineConfig {
             block_cache_bytes: 256 << 20,
             retention_interval: Some(Duration::from_secs(60)),
             cost: CostConfig::default(),
+            clock: Clock::system(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Errors of the storage engine and stream service. The HTTP edge maps each variant
 //! to a status code in exactly one place (`picomq-http`'s `error` module).
 
+use crate::domain::Invalid;
 use crate::offset::Offset;
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -17,17 +18,20 @@ pub enum EngineError {
     Trimmed { start: Offset },
     #[error("{0}")]
     BadRequest(String),
+    /// A request the engine refuses for a reason each edge words for its clients.
+    #[error("{0}")]
+    Invalid(Invalid),
     #[error("{0}")]
     Conflict(String),
     #[error("content type {got:?} does not match the stream's {expected:?}")]
     ContentTypeMismatch { expected: String, got: String },
     #[error("stream is closed")]
     StreamClosed { tail: Offset },
-    #[error("Stream-Seq {got:?} is not greater than the last one, {last:?}")]
+    #[error("writer sequence {got:?} is not greater than the last one, {last:?}")]
     StreamSeqConflict { last: String, got: String },
     #[error("producer epoch {got} is older than the current epoch {current}")]
     ProducerStaleEpoch { current: u64, got: u64 },
-    #[error("a new producer epoch must start at Producer-Seq 0")]
+    #[error("a new producer epoch must start at sequence 0")]
     ProducerEpochMustStartAtZero,
     #[error("producer sequence gap: expected {expected}, received {received}")]
     ProducerSeqGap { expected: u64, received: u64 },
@@ -49,6 +53,12 @@ impl EngineError {
     }
     pub fn conflict(msg: impl Into<String>) -> Self {
         EngineError::Conflict(msg.into())
+    }
+}
+
+impl From<Invalid> for EngineError {
+    fn from(e: Invalid) -> Self {
+        EngineError::Invalid(e)
     }
 }
 

@@ -9,10 +9,9 @@
 //! an older process, alive or not, can never again make a write durable.
 //!
 //! An older process learns it was fenced on its next WAL write (the sealed key
-//! exists with other bytes), or earlier through [`watch`], which checks for the next
-//! claim (`epochs/{mine + 1}`) with one HEAD request per interval.
-
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//! exists with other bytes), or earlier through the fence watch, a pass that asks
+//! [`superseded`] (one HEAD request of the next claim, `epochs/{mine + 1}`) every
+//! `--fence-check-interval`.
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -20,30 +19,18 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{EngineError, Result};
+use crate::layout;
 
 /// Prefix of the claim objects.
-pub const CLAIMS_PREFIX: &str = "epochs";
-
 /// Give up claiming after this many lost races in a row (a runaway loop, not a
 /// plausible number of concurrent starts).
 const CLAIM_ATTEMPTS_MAX: u64 = 1000;
 
-pub fn claim_key(epoch: u64) -> String {
-    format!("{CLAIMS_PREFIX}/{epoch:010}")
-}
-
-pub fn parse_claim_key(key: &str) -> Option<u64> {
-    key.strip_prefix(CLAIMS_PREFIX)?
-        .strip_prefix('/')?
-        .parse()
-        .ok()
-}
-
 /// Every claimed epoch in the bucket, ascending.
 pub async fn list_claims(store: &dyn ObjectStore) -> Result<Vec<u64>> {
     let mut claims: Vec<u64> = store
-        .list(Some(&Path::from(CLAIMS_PREFIX)))
-        .map_ok(|meta| parse_claim_key(meta.location.as_ref()))
+        .list(Some(&Path::from(layout::CLAIMS)))
+        .map_ok(|meta| layout::parse_claim_key(meta.location.as_ref()))
         .try_filter_map(|e| async move { Ok(e) })
         .try_collect()
         .await?;
@@ -55,10 +42,7 @@ pub async fn list_claims(store: &dyn ObjectStore) -> Result<Vec<u64>> {
 pub async fn claim(store: &dyn ObjectStore, at_least: u64) -> Result<u64> {
     let highest = list_claims(store).await?.last().copied().unwrap_or(0);
     let mut epoch = at_least.max(highest + 1);
-    let since_unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let since_unix_ms = crate::clock::Clock::system().now_ms();
     for _ in 0..CLAIM_ATTEMPTS_MAX {
         // Unique bytes per claimant: identical bytes would give identical ETags.
         let body = format!(
@@ -72,7 +56,7 @@ pub async fn claim(store: &dyn ObjectStore, at_least: u64) -> Result<u64> {
         };
         match store
             .put_opts(
-                &Path::from(claim_key(epoch)),
+                &Path::from(layout::claim_key(epoch)),
                 PutPayload::from(Bytes::from(body)),
                 opts,
             )
@@ -95,23 +79,10 @@ pub async fn claim(store: &dyn ObjectStore, at_least: u64) -> Result<u64> {
 
 /// `true` once a newer process has claimed an epoch above `epoch`.
 pub async fn superseded(store: &dyn ObjectStore, epoch: u64) -> Result<bool> {
-    match store.head(&Path::from(claim_key(epoch + 1))).await {
+    match store.head(&Path::from(layout::claim_key(epoch + 1))).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Polls [`superseded`] every `interval`; returns when this process is fenced.
-/// Store errors are ignored here: an unreachable store is the WAL's business.
-pub async fn watch(store: std::sync::Arc<dyn ObjectStore>, epoch: u64, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if let Ok(true) = superseded(&*store, epoch).await {
-            return;
-        }
     }
 }
 

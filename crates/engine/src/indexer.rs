@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::meta::Meta;
+use crate::metrics::{Counter, Desc, Exposition};
 use crate::wal::FlushedObject;
 
 /// Objects applied in one metadata transaction, at most (a bound on the memory and
@@ -29,10 +30,19 @@ const BATCH_OBJECTS_MAX: usize = 512;
 /// the WAL's fsyncs. See docs/performance.md.
 const BATCH_LINGER: Duration = Duration::from_millis(200);
 
+static FAILURES: Desc = Desc::counter(
+    "picomq_index_failures_total",
+    "Failed metadata index transactions (retried).",
+);
+static LAG: Desc = Desc::gauge(
+    "picomq_index_lag_objects",
+    "WAL objects durable but not yet in the metadata index.",
+);
+
 pub struct IndexerProgress {
     /// Objects of this incarnation applied so far.
     pub applied: watch::Receiver<u64>,
-    pub failures: Arc<AtomicU64>,
+    pub failures: Arc<Counter>,
     /// Wakes a lingering indexer when `want` rose.
     nudge: Arc<Notify>,
     /// Objects someone waits to see applied (a count, like `applied`).
@@ -40,6 +50,13 @@ pub struct IndexerProgress {
 }
 
 impl IndexerProgress {
+    /// Failures and lag behind the `written` objects of this incarnation.
+    pub fn export(&self, written: u64, out: &mut Exposition) {
+        let indexed = *self.applied.borrow();
+        out.counter(&self.failures)
+            .value(&LAG, &[], written.saturating_sub(indexed) as f64);
+    }
+
     /// Asks the indexer to write, without lingering, until `objects` of this
     /// incarnation are applied.
     pub fn want(&self, objects: u64) {
@@ -53,7 +70,7 @@ pub fn spawn(
     mut rx: mpsc::Receiver<FlushedObject>,
 ) -> (JoinHandle<()>, IndexerProgress) {
     let (applied_tx, applied) = watch::channel(0u64);
-    let failures = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Counter::new(&FAILURES));
     let failures_task = failures.clone();
     let nudge = Arc::new(Notify::new());
     let nudged = nudge.clone();
@@ -83,10 +100,18 @@ pub fn spawn(
                     _ = nudged.notified() => {}
                 }
             }
+            // The index follows the log in order: one object after another, no gaps
+            // (a gap would leave an acknowledged op out of the index for good).
+            for pair in batch.windows(2) {
+                assert!(
+                    (pair[1].epoch, pair[1].seq) == (pair[0].epoch, pair[0].seq + 1),
+                    "the indexer must apply WAL objects in log order"
+                );
+            }
             // The objects are durable; the index must follow. Retry until it does.
             let mut backoff = Duration::from_millis(10);
             while let Err(e) = meta.apply(&batch).await {
-                failures_task.fetch_add(1, Ordering::Relaxed);
+                failures_task.inc();
                 tracing::error!(error = %e, "indexing WAL objects failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));

@@ -22,9 +22,10 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::checkpoint;
+use crate::background::checkpoint;
 use crate::error::{EngineError, Result};
 use crate::fencing;
+use crate::layout;
 use crate::meta::{Meta, Watermark};
 use crate::wal::format::{self, SEAL_MAGIC};
 use crate::wal::{FlushedChunk, FlushedObject};
@@ -45,9 +46,9 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
     let (epochs, listed_bytes) = loop {
         let mut epochs: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
         let mut listed_bytes = 0;
-        let mut listing = store.list(Some(&Path::from("wal")));
+        let mut listing = store.list(Some(&Path::from(layout::WAL)));
         while let Some(object) = listing.try_next().await? {
-            if let Some((e, seq)) = format::parse_object_key(object.location.as_ref()) {
+            if let Some((e, seq)) = layout::parse_wal_key(object.location.as_ref()) {
                 epochs.entry(e).or_default().insert(seq);
                 listed_bytes += object.size;
             }
@@ -69,16 +70,19 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
     // A checkpoint past our own watermark describes everything before it, and is the
     // only description once the WAL below it is deleted: start from it. An empty
     // database takes the newest checkpoint whatever its watermark (it may hold only
-    // tokens, which are not in the WAL).
+    // tokens, which older versions did not log). A store of record has none.
     let mut watermark = meta.watermark().await?;
-    let after = if meta.is_empty().await? {
-        None
-    } else {
-        Some(watermark.unwrap_or_default())
-    };
-    let restored_from = checkpoint::restore_newest(store, meta, after).await?;
-    if restored_from.is_some() {
-        watermark = restored_from;
+    let mut restored_from = None;
+    if let Some(index) = meta.local_index() {
+        let after = if index.is_empty().await? {
+            None
+        } else {
+            Some(watermark.unwrap_or_default())
+        };
+        restored_from = checkpoint::restore_newest(store, meta, after).await?;
+        if restored_from.is_some() {
+            watermark = restored_from;
+        }
     }
     let mut replayed = 0;
     for (&e, seqs) in &epochs {
@@ -88,7 +92,7 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             _ => 0,
         };
         loop {
-            let key = format::object_key(e, seq);
+            let key = layout::wal_key(e, seq);
             if !seqs.contains(&seq) && seal(store, &key, epoch).await? {
                 break;
             }
@@ -102,7 +106,7 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             seq += 1;
         }
     }
-    meta.set_state_value("node_epoch", epoch).await?;
+    meta.set_node_epoch(epoch).await?;
     Ok(Recovered {
         epoch,
         objects_replayed: replayed,

@@ -63,7 +63,7 @@ async fn transient_write_failures_lose_and_duplicate_nothing() {
     }
     faults.set_error_rate(0.0);
     let injected = faults.injected_errors.load(Ordering::Relaxed);
-    let retries = engine.stats().wal.upload_retries.load(Ordering::Relaxed);
+    let retries = engine.stats().wal.upload_retries.get();
     eprintln!(
         "{} acked, {failed} failed; {injected} injected PUT failures, {retries} upload retries",
         WRITERS * PER_WRITER - failed
@@ -181,9 +181,9 @@ async fn reads_from_a_failing_store_fail_instead_of_shortening() {
     }
     // Once indexed, reads are served by the store.
     eventually(Duration::from_secs(10), || async {
-        let before = engine.counters().reads_store.load(Ordering::Relaxed);
+        let before = engine.cold_stats().reads.get();
         let data = read_all(&engine, "r", 64).await.ok()?;
-        let after = engine.counters().reads_store.load(Ordering::Relaxed);
+        let after = engine.cold_stats().reads.get();
         (data == expected && after > before).then_some(())
     })
     .await;

@@ -19,7 +19,7 @@ use object_store::{
 };
 
 use crate::config::CostConfig;
-use crate::metrics::{Exposition, Histogram, LATENCY_BOUNDS_S};
+use crate::metrics::{Desc, Exposition, Histogram, LATENCY_BOUNDS_S};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -119,7 +119,7 @@ impl StoreStats {
         Arc::new(StoreStats {
             label,
             requests: Default::default(),
-            latency: std::array::from_fn(|_| Histogram::new(LATENCY_BOUNDS_S)),
+            latency: std::array::from_fn(|_| Histogram::new(&DURATION, LATENCY_BOUNDS_S)),
             bytes_written: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
@@ -213,79 +213,62 @@ impl StoreStats {
     }
 }
 
+static REQUESTS: Desc = Desc::counter(
+    "picomq_object_store_requests_total",
+    "Object-store requests by store, operation and outcome.",
+);
+static BYTES: Desc = Desc::counter(
+    "picomq_object_store_bytes_total",
+    "Payload bytes sent to (written) and received from (read) the object store.",
+);
+static DURATION: Desc = Desc::histogram(
+    "picomq_object_store_request_duration_seconds",
+    "Object-store request latency (to the response head), by store and operation.",
+);
+static STORED: Desc = Desc::gauge(
+    "picomq_object_store_stored_bytes",
+    "Estimated bytes held in the store: listed at start-up plus written since.",
+);
+static COST: Desc = Desc::counter(
+    "picomq_object_store_cost_dollars_total",
+    "Estimated object-store bill since start-up, from the configured prices, by component (put_requests, get_requests, storage).",
+);
+
 /// Writes the object-store families for every store.
 pub fn write_metrics(out: &mut Exposition, stores: &[Arc<StoreStats>]) {
-    out.family(
-        "picomq_object_store_requests_total",
-        "counter",
-        "Object-store requests by store, operation and outcome.",
-    );
     for s in stores {
         for op in Op::ALL {
             for outcome in Outcome::ALL {
                 let n = s.requests[op as usize][outcome as usize].load(Ordering::Relaxed);
                 if n > 0 || outcome == Outcome::Ok {
-                    out.sample(
-                        "picomq_object_store_requests_total",
-                        &[
-                            ("store", s.label),
-                            ("op", op.name()),
-                            ("outcome", outcome.name()),
-                        ],
-                        n as f64,
-                    );
+                    let labels = [
+                        ("store", s.label),
+                        ("op", op.name()),
+                        ("outcome", outcome.name()),
+                    ];
+                    out.value(&REQUESTS, &labels, n as f64);
                 }
             }
         }
     }
-    out.family(
-        "picomq_object_store_bytes_total",
-        "counter",
-        "Payload bytes sent to (written) and received from (read) the object store.",
-    );
     for s in stores {
-        out.sample(
-            "picomq_object_store_bytes_total",
-            &[("store", s.label), ("direction", "written")],
-            s.bytes_written.load(Ordering::Relaxed) as f64,
-        );
-        out.sample(
-            "picomq_object_store_bytes_total",
-            &[("store", s.label), ("direction", "read")],
-            s.bytes_read.load(Ordering::Relaxed) as f64,
-        );
+        for (direction, n) in [("written", &s.bytes_written), ("read", &s.bytes_read)] {
+            let labels = [("store", s.label), ("direction", direction)];
+            out.value(&BYTES, &labels, n.load(Ordering::Relaxed) as f64);
+        }
     }
-    out.family(
-        "picomq_object_store_request_duration_seconds",
-        "histogram",
-        "Object-store request latency (to the response head), by store and operation.",
-    );
     for s in stores {
         for op in Op::ALL {
             out.histogram(
-                "picomq_object_store_request_duration_seconds",
-                &[("store", s.label), ("op", op.name())],
                 &s.latency[op as usize],
+                &[("store", s.label), ("op", op.name())],
             );
         }
     }
-    out.family(
-        "picomq_object_store_stored_bytes",
-        "gauge",
-        "Estimated bytes held in the store: listed at start-up plus written since.",
-    );
     for s in stores {
-        out.sample(
-            "picomq_object_store_stored_bytes",
-            &[("store", s.label)],
-            s.stored_bytes.load(Ordering::Relaxed) as f64,
-        );
+        let stored = s.stored_bytes.load(Ordering::Relaxed) as f64;
+        out.value(&STORED, &[("store", s.label)], stored);
     }
-    out.family(
-        "picomq_object_store_cost_dollars_total",
-        "counter",
-        "Estimated object-store bill since start-up, from the configured prices, by component (put_requests, get_requests, storage).",
-    );
     for s in stores {
         let (put, get, storage) = s.cost_usd();
         for (component, usd) in [
@@ -293,11 +276,7 @@ pub fn write_metrics(out: &mut Exposition, stores: &[Arc<StoreStats>]) {
             ("get_requests", get),
             ("storage", storage),
         ] {
-            out.sample(
-                "picomq_object_store_cost_dollars_total",
-                &[("store", s.label), ("component", component)],
-                usd,
-            );
+            out.value(&COST, &[("store", s.label), ("component", component)], usd);
         }
     }
 }

@@ -125,10 +125,14 @@ pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
             .with_fsync(true);
         Ok(Arc::new(fs))
     };
-    let log = local_log::LocalLogStore::open(&dir.join(routed::LOCAL_LOG_DIR), files()?, dir)
-        .map_err(|e| {
-            EngineError::Unavailable(format!("cannot open the WAL log in {}: {e}", dir.display()))
-        })?;
+    let log =
+        local_log::LocalLogStore::open(&dir.join(crate::layout::LOCAL_LOG_DIR), files()?, dir)
+            .map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "cannot open the WAL log in {}: {e}",
+                    dir.display()
+                ))
+            })?;
     Ok(Arc::new(routed::RoutedStore::new(files()?, Arc::new(log))))
 }
 

@@ -20,14 +20,6 @@ use object_store::{
     ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
-/// Top-level key prefixes that live in the WAL store.
-pub const WAL_PREFIXES: &[&str] = &["wal", "epochs", LOCAL_LOG_DIR];
-
-/// Where a `file://` store keeps its WAL log files (`local_log`): not objects, so
-/// never listed as the data store's, and a key under it is looked up in the WAL store
-/// (which holds no such key).
-pub const LOCAL_LOG_DIR: &str = "wal-log";
-
 #[derive(Debug)]
 pub struct RoutedStore {
     data: Arc<dyn ObjectStore>,
@@ -40,10 +32,7 @@ impl RoutedStore {
     }
 
     fn is_wal(location: &Path) -> bool {
-        location
-            .parts()
-            .next()
-            .is_some_and(|first| WAL_PREFIXES.contains(&first.as_ref()))
+        crate::layout::home(location.as_ref()) == crate::layout::Home::Wal
     }
 
     fn route(&self, location: &Path) -> &Arc<dyn ObjectStore> {

@@ -229,16 +229,11 @@ impl StreamHandle {
         st.next_op - 1 == self.durable.borrow().op && st.indexed_op + 1 >= st.next_op
     }
 
-    /// Durable records in `[from, until)` from the cache, at most about `max_bytes`
-    /// (always at least one record). `None` when `from` is below what the cache holds.
-    /// `split_records`: a record may be cut at `max_bytes` (byte streams, not JSON).
-    pub fn read_cached(
-        &self,
-        from: Offset,
-        until: Offset,
-        max_bytes: usize,
-        split_records: bool,
-    ) -> Option<CachedRead> {
+    /// Durable records in `[from, until)` from the cache, about `max_bytes` of them
+    /// (always at least one record), ending only where an append ends: every offset a
+    /// read hands out is an append boundary. `None` when `from` is below what the
+    /// cache holds.
+    pub fn read_cached(&self, from: Offset, until: Offset, max_bytes: usize) -> Option<CachedRead> {
         let st = self.lock();
         if from < st.cache_floor {
             return None;
@@ -251,15 +246,13 @@ impl StreamHandle {
         let first = first_ending_after(&st.cache, from);
         let mut taken = 0usize;
         for c in st.cache.range(first..) {
-            if c.start >= until || (taken >= max_bytes && !out.segments.is_empty()) {
+            let starts_append = c.record.flags & RECORD_BATCH_START != 0;
+            if c.start >= until || (taken >= max_bytes && starts_append && c.start >= from) {
                 break;
             }
             let len = c.record.data.len() as u64;
             let lo = from.0.max(c.start.0) - c.start.0;
-            let mut hi = (until.0.min(c.start.0 + len)) - c.start.0;
-            if split_records {
-                hi = hi.min(lo + (max_bytes - taken).max(1) as u64);
-            }
+            let hi = (until.0.min(c.start.0 + len)) - c.start.0;
             let piece = c.record.data.slice(lo as usize..hi as usize);
             taken += piece.len();
             out.end = Offset(c.start.0 + hi);
@@ -271,6 +264,27 @@ impl StreamHandle {
             });
         }
         Some(out)
+    }
+
+    /// Where the append holding the durable byte at `pos` starts, if the cache holds
+    /// that append from its first record.
+    pub fn cached_append_start(&self, pos: Offset) -> Option<Offset> {
+        let st = self.lock();
+        if pos < st.cache_floor {
+            return None;
+        }
+        let mut i = first_ending_after(&st.cache, pos);
+        let holder = st.cache.get(i)?;
+        if holder.start > pos {
+            return None;
+        }
+        loop {
+            let c = &st.cache[i];
+            if c.record.flags & RECORD_BATCH_START != 0 {
+                return Some(c.start);
+            }
+            i = i.checked_sub(1)?;
+        }
     }
 }
 
@@ -388,7 +402,12 @@ impl DurableListener for StreamHandle {
         let mut retention = None;
         for (op_no, op) in ops {
             match op {
-                Op::Create(_) | Op::Relocate(_) => {}
+                // The rest are system ops: never in a stream's own chunk.
+                Op::Create(_)
+                | Op::Relocate(_)
+                | Op::PutToken(_)
+                | Op::RevokeTokens { .. }
+                | Op::PutServerKey { .. } => {}
                 Op::Append(a) => {
                     let mut pos = a.start;
                     for record in &a.records {
@@ -460,6 +479,13 @@ impl DurableListener for StreamHandle {
     }
 
     fn on_indexed(&self, op_no: u64) {
+        // The WAL hands an object to the indexer only after its ops were made
+        // durable here: the index is never ahead of what is durable.
+        assert!(
+            op_no <= self.durable.borrow().op,
+            "stream {}: op {op_no} indexed before it was durable",
+            self.config.id
+        );
         let mut st = self.lock();
         st.indexed_op = st.indexed_op.max(op_no);
         while st.cache_bytes > self.cache_bytes_max {

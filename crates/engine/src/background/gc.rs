@@ -21,33 +21,66 @@
 //! missed. A WAL object still shared with a live stream stays until compaction
 //! copies that stream's data out of it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use tokio::sync::watch;
 
-use crate::checkpoint;
-use crate::compaction;
+use super::checkpoint;
 use crate::error::Result;
+use crate::layout;
 use crate::meta::{Meta, Watermark};
+use crate::metrics::{Counter, Desc, Exposition, Source};
 use crate::store::instrumented::StoreStats;
-use crate::wal::format::{self, SEAL_MAGIC};
-use crate::wal::WalHealth;
+use crate::wal::format::SEAL_MAGIC;
 
 /// Seal objects are a line of text; anything this small is checked for the seal
 /// magic before it is deleted.
 const SEAL_BYTES_MAX: u64 = 128;
 
-#[derive(Default)]
+static PASSES: Desc = Desc::counter(
+    "picomq_gc_passes_total",
+    "Garbage-collection passes completed.",
+);
+static FAILURES: Desc = Desc::counter(
+    "picomq_gc_failures_total",
+    "Garbage-collection passes that failed (retried at the next interval).",
+);
+static OBJECTS_DELETED: Desc = Desc::counter(
+    "picomq_gc_objects_deleted_total",
+    "WAL and compacted objects deleted by garbage collection (nothing pointed into them).",
+);
+static BYTES_DELETED: Desc = Desc::counter(
+    "picomq_gc_bytes_deleted_total",
+    "Bytes of the WAL objects deleted by garbage collection.",
+);
+
 pub struct GcStats {
-    pub passes: AtomicU64,
-    pub failures: AtomicU64,
-    pub objects_deleted: AtomicU64,
-    pub bytes_deleted: AtomicU64,
+    pub passes: Counter,
+    pub failures: Counter,
+    pub objects_deleted: Counter,
+    pub bytes_deleted: Counter,
+}
+
+impl Default for GcStats {
+    fn default() -> Self {
+        GcStats {
+            passes: Counter::new(&PASSES),
+            failures: Counter::new(&FAILURES),
+            objects_deleted: Counter::new(&OBJECTS_DELETED),
+            bytes_deleted: Counter::new(&BYTES_DELETED),
+        }
+    }
+}
+
+impl Source for GcStats {
+    fn export(&self, out: &mut Exposition) {
+        out.counter(&self.passes)
+            .counter(&self.failures)
+            .counter(&self.objects_deleted)
+            .counter(&self.bytes_deleted);
+    }
 }
 
 /// What one pass did.
@@ -65,7 +98,7 @@ pub async fn collect(store: &dyn ObjectStore, meta: &Meta) -> Result<Pass> {
     let Some(floor) = checkpoint::floor(store).await? else {
         return Ok(pass);
     };
-    for prefix in ["wal", "seg"] {
+    for prefix in [layout::WAL, layout::SEGMENTS] {
         collect_under(store, meta, prefix, floor, &mut pass).await?;
     }
     Ok(pass)
@@ -82,7 +115,7 @@ async fn collect_under(
     while let Some(object) = listing.try_next().await? {
         let key = object.location.as_ref();
         let Some((epoch, seq)) =
-            format::parse_object_key(key).or_else(|| compaction::parse_segment_key(key))
+            layout::parse_wal_key(key).or_else(|| layout::parse_segment_key(key))
         else {
             continue;
         };
@@ -120,26 +153,37 @@ async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
     }
 }
 
-/// Runs a pass every `interval` for as long as this node is the bucket's writer.
-pub async fn run(
+/// The collector the scheduler runs (exclusive: it holds the maintenance lock,
+/// which a compaction round holds from its write to its commit).
+pub struct Collector {
     store: Arc<dyn ObjectStore>,
     meta: Meta,
-    interval: Duration,
-    health: watch::Receiver<WalHealth>,
-    stats: Arc<GcStats>,
+    /// The store holding the WAL, whose storage estimate deletions lower.
     store_stats: Option<Arc<StoreStats>>,
-    maintenance: Arc<tokio::sync::Mutex<()>>,
-) {
-    crate::wal::while_writer(interval, health, || async {
-        let _maintenance = maintenance.lock().await;
-        match collect(&*store, &meta).await {
+    pub stats: GcStats,
+}
+
+impl Collector {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+        store_stats: Option<Arc<StoreStats>>,
+    ) -> Collector {
+        Collector {
+            store,
+            meta,
+            store_stats,
+            stats: GcStats::default(),
+        }
+    }
+
+    pub async fn pass(&self) {
+        match collect(&*self.store, &self.meta).await {
             Ok(pass) => {
-                stats.passes.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .objects_deleted
-                    .fetch_add(pass.deleted, Ordering::Relaxed);
-                stats.bytes_deleted.fetch_add(pass.bytes, Ordering::Relaxed);
-                if let Some(s) = &store_stats {
+                self.stats.passes.inc();
+                self.stats.objects_deleted.add(pass.deleted);
+                self.stats.bytes_deleted.add(pass.bytes);
+                if let Some(s) = &self.store_stats {
                     s.sub_stored_bytes(pass.bytes);
                 }
                 if pass.deleted > 0 {
@@ -152,10 +196,9 @@ pub async fn run(
                 }
             }
             Err(e) => {
-                stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.failures.inc();
                 tracing::warn!(error = %e, "garbage collection pass failed; will retry");
             }
         }
-    })
-    .await;
+    }
 }

@@ -8,19 +8,53 @@
 //! than its accounted bytes say (until its last slice leaves).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 
+use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
+
 type Key = (String, u64);
 
-#[derive(Default)]
+static HITS: Desc = Desc::counter(
+    "picomq_block_cache_hits_total",
+    "Cold reads served from the block cache.",
+);
+static MISSES: Desc = Desc::counter(
+    "picomq_block_cache_misses_total",
+    "Cold reads that had to GET from the object store.",
+);
+static EVICTIONS: Desc = Desc::counter(
+    "picomq_block_cache_evictions_total",
+    "Chunks dropped from the block cache to make room.",
+);
+static BYTES: Desc = Desc::gauge("picomq_block_cache_bytes", "Bytes held by the block cache.");
+
 pub struct BlockCacheStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub evictions: AtomicU64,
-    pub bytes: AtomicU64,
+    pub hits: Counter,
+    pub misses: Counter,
+    pub evictions: Counter,
+    pub bytes: Gauge,
+}
+
+impl Default for BlockCacheStats {
+    fn default() -> Self {
+        BlockCacheStats {
+            hits: Counter::new(&HITS),
+            misses: Counter::new(&MISSES),
+            evictions: Counter::new(&EVICTIONS),
+            bytes: Gauge::new(&BYTES),
+        }
+    }
+}
+
+impl Source for BlockCacheStats {
+    fn export(&self, out: &mut Exposition) {
+        out.counter(&self.hits)
+            .counter(&self.misses)
+            .counter(&self.evictions)
+            .gauge(&self.bytes);
+    }
 }
 
 pub struct BlockCache {
@@ -70,7 +104,7 @@ impl BlockCache {
         } else {
             &self.stats.misses
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.inc();
         found
     }
 
@@ -109,10 +143,10 @@ impl BlockCache {
             };
             if let Some((old, _)) = lru.entries.remove(&key) {
                 lru.bytes -= old.len();
-                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+                self.stats.evictions.inc();
             }
         }
-        self.stats.bytes.store(lru.bytes as u64, Ordering::Relaxed);
+        self.stats.bytes.set(lru.bytes as u64);
     }
 }
 
@@ -130,7 +164,7 @@ mod tests {
         assert!(cache.get("a", 4).is_none());
         assert_eq!(cache.get("a", 0).unwrap(), Bytes::from_static(b"1234"));
         assert!(cache.get("b", 0).is_some());
-        assert_eq!(cache.stats.bytes.load(Ordering::Relaxed), 8);
+        assert_eq!(cache.stats.bytes.get(), 8);
     }
 
     #[test]

@@ -1,0 +1,11 @@
+//! Background work on the bucket and the metadata: checkpoints, garbage collection
+//! and compaction, and the scheduler every periodic pass of the node runs under
+//! (these, and the stream service's retention and dormancy passes, and the fence
+//! watch). Nothing here serves a request.
+
+pub mod checkpoint;
+pub mod compaction;
+pub mod gc;
+pub mod scheduler;
+
+pub use scheduler::{Every, Scheduler};

@@ -1,0 +1,322 @@
+//! The engine of one node: what it holds, how it starts (recovery, then the WAL
+//! writer, the indexer and every background pass under one scheduler), how it
+//! stops, and what it reports (health, metrics). The stream operations themselves
+//! are in `stream`, one file per verb.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use tokio::sync::mpsc;
+
+use crate::background::checkpoint::Checkpointer;
+use crate::background::compaction::{Compactor, PassReport};
+use crate::background::gc::Collector;
+use crate::background::{Every, Scheduler};
+use crate::config::EngineConfig;
+use crate::error::Result;
+use crate::indexer;
+use crate::meta::Meta;
+use crate::metrics::{Desc, Exposition, Source};
+use crate::read::cold::ColdReader;
+use crate::store::instrumented::{InstrumentedStore, StoreStats};
+use crate::stream::names::NameFilter;
+use crate::stream::registry::Registry;
+use crate::stream::{Service, ServiceCounters, Shared};
+use crate::wal::system::SystemLog;
+use crate::wal::Wal;
+
+/// What the node holds besides its stream service: the bucket, the background
+/// passes and what recovery found.
+pub(crate) struct Node {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) epoch: u64,
+    pub(crate) store_stats: Vec<Arc<StoreStats>>,
+    pub(crate) checkpointer: Arc<Checkpointer>,
+    pub(crate) collector: Arc<Collector>,
+    pub(crate) compactor: Arc<Compactor>,
+    /// What recovery did at start: WAL objects replayed, checkpoint restored.
+    pub(crate) recovered: (u64, bool),
+}
+
+/// The storage engine and stream service of one node. The stream operations are the
+/// [`Service`]'s (it derefs to it); the node adds its start, stop and passes.
+#[derive(Clone)]
+pub struct Engine {
+    service: Service,
+    node: Arc<Node>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Service;
+    fn deref(&self) -> &Service {
+        &self.service
+    }
+}
+
+pub struct EngineStats {
+    pub wal: Arc<crate::wal::WalStats>,
+    pub active_streams: usize,
+    pub index_failures: u64,
+}
+
+static RECOVERY_REPLAYED: Desc = Desc::gauge(
+    "picomq_recovery_objects_replayed",
+    "WAL objects replayed into the metadata at start.",
+);
+static RECOVERY_CHECKPOINT: Desc = Desc::gauge(
+    "picomq_recovery_checkpoint_restored",
+    "1 if the metadata was restored from a checkpoint in the object store at start.",
+);
+
+impl Engine {
+    /// Opens the engine: recovers the metadata from the bucket, then starts the WAL
+    /// writer, the indexer and the background passes. The store is instrumented here
+    /// (labelled `data`); use [`Engine::open_instrumented`] for stores already
+    /// instrumented per backend.
+    pub async fn open(
+        config: EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+    ) -> Result<Engine> {
+        let stats = StoreStats::new("data", config.cost);
+        let store = Arc::new(InstrumentedStore::new(store, stats.clone()));
+        Engine::open_instrumented(config, store, vec![stats], meta).await
+    }
+
+    /// Like [`Engine::open`], for a store whose backends report to `store_stats`
+    /// (see `store::instrumented`; the one labelled `wal`, else the first, holds the
+    /// WAL and gets the storage estimate).
+    pub async fn open_instrumented(
+        config: EngineConfig,
+        store: Arc<dyn ObjectStore>,
+        store_stats: Vec<Arc<StoreStats>>,
+        meta: Meta,
+    ) -> Result<Engine> {
+        let recovered = crate::recovery::recover(&*store, &meta).await?;
+        let wal_stats = store_stats
+            .iter()
+            .find(|s| s.label() == "wal")
+            .or(store_stats.first())
+            .cloned();
+        if let Some(wal_stats) = &wal_stats {
+            wal_stats.add_stored_bytes(recovered.listed_bytes);
+        }
+        tracing::info!(
+            epoch = recovered.epoch,
+            replayed = recovered.objects_replayed,
+            checkpoint = ?recovered.restored_from,
+            "recovered from the object store"
+        );
+        let next_id = meta.next_stream_id().await?;
+        // Ids are handed out in order, so `next_id` bounds the rows to name.
+        let names = NameFilter::for_names(next_id.saturating_sub(1) as usize);
+        let named = meta.for_each_name(10_000, &mut |n| names.insert(n)).await?;
+        tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
+        let (index_tx, index_rx) = mpsc::channel(256);
+        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx);
+        let wal = Wal::start(
+            store.clone(),
+            config.wal.clone(),
+            recovered.epoch,
+            0,
+            index_tx,
+        );
+        let scheduler = Scheduler::new(wal.health());
+        scheduler.keep(async move {
+            let _ = index_task.await;
+        });
+        let system = Arc::new(SystemLog::new(wal.clone()));
+        let compactor = Arc::new(Compactor::new(
+            store.clone(),
+            meta.clone(),
+            recovered.epoch,
+            config.compaction.clone(),
+            scheduler.maintenance(),
+            system.clone(),
+        ));
+        let checkpointer = Arc::new(Checkpointer::new(
+            store.clone(),
+            meta.clone(),
+            config.clock.clone(),
+            meta.watermark().await?,
+        ));
+        let collector = Arc::new(Collector::new(store.clone(), meta.clone(), wal_stats));
+        let cold = ColdReader::new(
+            store.clone(),
+            meta.clone(),
+            config.block_cache_bytes,
+            config.readahead_bytes,
+        );
+        let epoch = recovered.epoch;
+        let service = Service::new(Shared {
+            clock: config.clock.clone(),
+            config,
+            meta,
+            wal,
+            registry: Registry::default(),
+            names,
+            next_id: AtomicU64::new(next_id),
+            lifecycle: tokio::sync::Mutex::new(()),
+            indexer,
+            counters: ServiceCounters::default(),
+            health_epoch: AtomicU64::new(0),
+            pressure_sweep_ms: AtomicU64::new(0),
+            cold,
+            system,
+        });
+        let node = Arc::new(Node {
+            store,
+            scheduler,
+            epoch,
+            store_stats,
+            checkpointer,
+            collector,
+            compactor,
+            recovered: (
+                recovered.objects_replayed,
+                recovered.restored_from.is_some(),
+            ),
+        });
+        let engine = Engine { service, node };
+        engine.schedule_passes();
+        Ok(engine)
+    }
+
+    /// Every periodic pass of the node, under its one scheduler.
+    fn schedule_passes(&self) {
+        let config = &self.service.inner.config;
+        let sched = &self.node.scheduler;
+        sched.keep(self.service.clone().wake_waiters_on_health_changes());
+        let engine = self.service.clone();
+        let sweep = crate::stream::dormancy::period(config.dormancy);
+        let mut dormancy = crate::stream::dormancy::Sweeper::new(config.dormancy);
+        // Runs after fencing too: it only drops handles from memory and expires
+        // streams through the WAL, which refuses writes once fenced.
+        let every = Every {
+            while_writer: false,
+            ..Every::writer("dormancy", sweep)
+        };
+        sched.every(every, move || {
+            let engine = engine.clone();
+            let step = dormancy.step();
+            async move { engine.dormancy_pass(step).await }
+        });
+        if let Some(interval) = config.fence_check_interval {
+            let (store, wal, epoch) = (
+                self.node.store.clone(),
+                self.service.inner.wal.clone(),
+                self.node.epoch,
+            );
+            sched.every(Every::writer("fence-watch", interval), move || {
+                let (store, wal) = (store.clone(), wal.clone());
+                async move {
+                    if let Ok(true) = crate::fencing::superseded(&*store, epoch).await {
+                        wal.fence();
+                    }
+                }
+            });
+        }
+        if let Some(interval) = config.checkpoint_interval {
+            let checkpointer = self.node.checkpointer.clone();
+            sched.every(Every::writer("checkpoint", interval), move || {
+                let checkpointer = checkpointer.clone();
+                async move { checkpointer.pass().await }
+            });
+        }
+        if let Some(interval) = config.gc_interval {
+            let collector = self.node.collector.clone();
+            let every = Every {
+                exclusive: true,
+                ..Every::writer("gc", interval)
+            };
+            sched.every(every, move || {
+                let collector = collector.clone();
+                async move { collector.pass().await }
+            });
+        }
+        if let Some(interval) = config.compaction.interval {
+            // Not exclusive: a pass takes the maintenance lock round by round.
+            let compactor = self.node.compactor.clone();
+            sched.every(Every::writer("compaction", interval), move || {
+                let compactor = compactor.clone();
+                async move { compactor.scheduled_pass().await }
+            });
+        }
+        if let Some(interval) = config.retention_interval {
+            let engine = self.service.clone();
+            let after = Arc::new(std::sync::Mutex::new(String::new()));
+            sched.every(Every::writer("retention", interval), move || {
+                let (engine, after) = (engine.clone(), after.clone());
+                async move {
+                    let from = after.lock().expect("retention cursor").clone();
+                    let next = crate::stream::retention::pass(
+                        &engine,
+                        from,
+                        crate::stream::retention::STREAMS_PER_PASS,
+                    )
+                    .await;
+                    *after.lock().expect("retention cursor") = next;
+                }
+            });
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.node.epoch
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let inner = &self.service.inner;
+        EngineStats {
+            wal: inner.wal.stats(),
+            active_streams: inner.registry.len(),
+            index_failures: inner.indexer.failures.get(),
+        }
+    }
+
+    /// Per-store request counters (one entry per `store` label).
+    pub fn store_stats(&self) -> &[Arc<StoreStats>] {
+        &self.node.store_stats
+    }
+
+    /// Runs a compaction pass now over data older than `delay` (default: the
+    /// configured delay); see `compaction`. Everything acknowledged before the call
+    /// is indexed first, so the pass sees it (the indexer may be lingering).
+    pub async fn compact(&self, delay: Option<Duration>) -> Result<PassReport> {
+        self.service.inner.wal.check_health()?;
+        self.service.index_barrier().await?;
+        self.node.compactor.pass(delay).await
+    }
+
+    /// Stops accepting writes and makes everything accepted durable and indexed.
+    pub async fn shutdown(&self) {
+        self.service.inner.wal.shutdown().await;
+        let _ = self.service.index_barrier().await;
+        self.node.scheduler.stop();
+    }
+
+    /// Writes the engine's metrics: object stores, WAL, index, background passes,
+    /// caches, and the stream service.
+    pub async fn write_metrics(&self, out: &mut Exposition) {
+        let (node, inner) = (&self.node, &self.service.inner);
+        crate::store::instrumented::write_metrics(out, &node.store_stats);
+        inner.wal.export(out);
+        node.checkpointer.stats.export(out);
+        node.collector.stats.export(out);
+        node.compactor.stats().export(out);
+        inner.cold.cache.stats.export(out);
+        out.value(&RECOVERY_REPLAYED, &[], node.recovered.0 as f64)
+            .value(
+                &RECOVERY_CHECKPOINT,
+                &[],
+                f64::from(u8::from(node.recovered.1)),
+            );
+        inner
+            .indexer
+            .export(inner.wal.stats().objects_written.get(), out);
+        self.service.export_service(out).await;
+    }
+}

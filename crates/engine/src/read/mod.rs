@@ -1,0 +1,54 @@
+//! The read path below the stream service: what one catch-up read returns, and the
+//! tiers it is served from when the stream's tail cache cannot: the block cache and
+//! ranged GETs through the object index (`cold`). Knows nothing of the stream
+//! service above it; the service decides which stream, which range and when.
+
+pub mod block_cache;
+pub mod cold;
+
+use bytes::Bytes;
+
+use crate::metrics::Desc;
+use crate::offset::Offset;
+
+/// Reads by tier: `memory` (the tail cache) or `store` (ranged GETs of indexed chunks).
+pub static READS: Desc = Desc::counter(
+    "picomq_reads_total",
+    "Read steps by tier: memory (tail cache) or store (ranged GET of an indexed chunk).",
+);
+pub static READ_BYTES: Desc = Desc::counter(
+    "picomq_read_bytes_total",
+    "Bytes read by tier (store: whole chunks fetched).",
+);
+
+/// One catch-up read.
+pub struct ReadChunk {
+    pub segments: Vec<Bytes>,
+    /// Per segment: does it start a new append (JSON batches span several records)?
+    pub flags: Vec<u8>,
+    pub next: Offset,
+    /// The read reached the durable tail.
+    pub up_to_date: bool,
+    /// Closed, and the read reached the final offset.
+    pub closed: bool,
+    pub json: bool,
+}
+
+impl ReadChunk {
+    /// An empty read starting at `from`.
+    pub fn empty(from: Offset, json: bool) -> ReadChunk {
+        ReadChunk {
+            segments: Vec::new(),
+            flags: Vec::new(),
+            next: from,
+            up_to_date: false,
+            closed: false,
+            json,
+        }
+    }
+
+    /// Bytes of data gathered so far.
+    pub fn bytes(&self) -> usize {
+        self.segments.iter().map(Bytes::len).sum()
+    }
+}

@@ -1,0 +1,376 @@
+//! Creating a stream (idempotent: the same request again is 200, a different one
+//! 409), with an optional first append, and forking one at an offset.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::handle::{Lifecycle, StreamConfig, StreamHandle};
+use super::json::json_records;
+use super::lifecycle::validate_retention;
+use super::{changing_too_fast, CreateRequest, ForkRequest, StreamInfo, StreamRef, STATE_RETRIES};
+use crate::domain::{self, Invalid};
+use crate::error::{EngineError, Result};
+use crate::offset::Offset;
+use crate::stream::Service;
+use crate::units;
+use crate::wal::format::{CreateOp, ForkOrigin, Op, RECORD_BATCH_START};
+
+impl Service {
+    /// Creates `req.name`, or confirms that it exists as asked: `(true, _)` when it
+    /// was created now.
+    pub async fn create(&self, req: CreateRequest) -> Result<(bool, StreamInfo)> {
+        if req.body.len() > self.inner.config.append_bytes_max {
+            return Err(EngineError::PayloadTooLarge(format!(
+                "initial body of {} bytes exceeds the limit of {} bytes",
+                req.body.len(),
+                self.inner.config.append_bytes_max
+            )));
+        }
+        if req.ttl_secs.is_some() && req.expires_at.is_some() {
+            return Err(Invalid::TtlWithExpiry.into());
+        }
+        validate_retention(req.retention_secs)?;
+        let expires_at_ms = match &req.expires_at {
+            Some(s) => Some(units::parse_rfc3339_ms(s).ok_or(Invalid::ExpiryNotRfc3339)?),
+            None => None,
+        };
+        // Forks take the lifecycle lock so a concurrent delete of the source sees them.
+        let guard = match req.fork {
+            Some(_) => Some(self.inner.lifecycle.lock().await),
+            None => None,
+        };
+        for _ in 0..STATE_RETRIES {
+            if let Some(existing) = self
+                .inner
+                .registry
+                .by_name(&req.name)
+                .or(self.lookup_in(&req.name, guard.is_some()).await?)
+            {
+                match existing.view().lifecycle {
+                    Lifecycle::SoftDeleted => {
+                        return Err(EngineError::conflict(
+                            "a deleted stream with live forks still holds this path; it cannot be reused until its forks are deleted",
+                        ))
+                    }
+                    Lifecycle::Deleted => {}
+                    Lifecycle::Live => {
+                        if existing.view().evicted {
+                            continue;
+                        }
+                        if existing.view().op == 0 && existing.lock().next_op > 1 {
+                            self.wait_durable(&existing, 1).await?;
+                        }
+                        return self.confirm_existing(&existing, &req, guard.is_some()).await.map(|info| (false, info));
+                    }
+                }
+            }
+            match self.create_new(&req, expires_at_ms).await? {
+                Some(info) => return Ok((true, info)),
+                None => continue, // lost a race for the name; look again
+            }
+        }
+        Err(changing_too_fast())
+    }
+
+    /// Idempotent create: 200 if the existing stream matches the request, else 409.
+    pub(crate) async fn confirm_existing(
+        &self,
+        existing: &Arc<StreamHandle>,
+        req: &CreateRequest,
+        lifecycle_held: bool,
+    ) -> Result<StreamInfo> {
+        let c = &existing.config;
+        let view = existing.view();
+        let mismatch = |what: &str| {
+            Err(EngineError::conflict(format!(
+                "stream already exists with a different {what}"
+            )))
+        };
+        let wanted_type = match (&req.content_type, &req.fork) {
+            (Some(ct), _) => domain::media_type(ct.as_str()),
+            (None, Some(_)) => domain::media_type(&c.content_type),
+            (None, None) => domain::OCTET_STREAM.to_string(),
+        };
+        if wanted_type != domain::media_type(&c.content_type) {
+            return mismatch("content type");
+        }
+        if req.closed != view.closed {
+            return mismatch("closed state");
+        }
+        // Retention can change after creation (admin API): only a stated one must match.
+        // Sequencer state: the retention op follows the create and may not be durable yet.
+        let retention_secs = existing.lock().retention_secs;
+        if req.retention_secs.is_some() && req.retention_secs != retention_secs {
+            return mismatch("retention");
+        }
+        match (&req.fork, &c.fork) {
+            (None, None) => {
+                if req.ttl_secs != c.ttl_secs || req.expires_at != c.expires_at {
+                    return mismatch("TTL or expiry");
+                }
+            }
+            (Some(f), Some(origin)) => {
+                let source = self.lookup_in(&f.source, lifecycle_held).await?;
+                if source.as_ref().map(|s| s.config.id) != Some(origin.source_id) {
+                    return mismatch("fork source");
+                }
+                if f.offset.is_some() && f.offset != origin.requested_offset.or(Some(origin.point))
+                {
+                    return mismatch("fork offset");
+                }
+                if f.sub_offset != origin.sub_offset {
+                    return mismatch("fork sub-offset");
+                }
+                if req.ttl_secs.is_some() && req.ttl_secs != c.ttl_secs
+                    || req.expires_at.is_some() && req.expires_at != c.expires_at
+                {
+                    return mismatch("TTL or expiry");
+                }
+            }
+            _ => return mismatch("fork origin"),
+        }
+        Ok(StreamRef {
+            handle: existing.clone(),
+        }
+        .info())
+    }
+
+    /// Creates a new stream; `None` if another request claimed the name first.
+    pub(crate) async fn create_new(
+        &self,
+        req: &CreateRequest,
+        expires_at_ms: Option<u64>,
+    ) -> Result<Option<StreamInfo>> {
+        let mut shape = Shape {
+            content_type: req
+                .content_type
+                .as_ref()
+                .map_or(domain::OCTET_STREAM.to_string(), |c| c.as_str().to_string()),
+            ttl_secs: req.ttl_secs,
+            expires_at: req.expires_at.clone(),
+            expires_at_ms,
+            fork: None,
+        };
+        if let Some(f) = &req.fork {
+            self.fork_from(req, f, &mut shape).await?;
+        }
+        let json = domain::is_json(&shape.content_type);
+        let records = if req.body.is_empty() {
+            Vec::new()
+        } else if json {
+            json_records(&req.body, true)?
+        } else {
+            vec![req.body.clone()]
+        };
+        self.check_capacity()?;
+        let created_ms = self.inner.clock.now_ms();
+        let handle = self.new_handle(req, &shape, json, created_ms);
+        // Before the stream is registered: once it is evicted, lookups find it
+        // through the filter (see `names`).
+        self.inner.names.insert(&req.name);
+        let active = self.inner.registry.insert(handle.clone(), |existing| {
+            let v = existing.view();
+            v.evicted || v.lifecycle == Lifecycle::Deleted
+        });
+        if !Arc::ptr_eq(&active, &handle) {
+            return Ok(None);
+        }
+        let create = CreateOp {
+            name: req.name.to_string(),
+            content_type: shape.content_type,
+            created_ms,
+            ttl_secs: shape.ttl_secs,
+            expires_at: shape.expires_at,
+            fork: shape.fork,
+        };
+        let last_op = self.submit_creation(&handle, req, create, records)?;
+        self.wait_durable(&handle, last_op).await?;
+        Ok(Some(StreamRef { handle }.info()))
+    }
+
+    /// A fork takes its source's content type and, unless given its own, its TTL or
+    /// expiry; its history is the source's below the fork point.
+    async fn fork_from(
+        &self,
+        req: &CreateRequest,
+        f: &ForkRequest,
+        shape: &mut Shape,
+    ) -> Result<()> {
+        // Fork creation holds the lifecycle lock (see `create`).
+        let source = match self.lookup_in(&f.source, true).await? {
+            Some(s) => s,
+            None => return Err(EngineError::ForkSourceNotFound),
+        };
+        if source.view().lifecycle == Lifecycle::SoftDeleted {
+            return Err(EngineError::conflict(
+                "the fork source was deleted and cannot be forked",
+            ));
+        }
+        match &req.content_type {
+            Some(ct) if !domain::same_media_type(ct.as_str(), &source.config.content_type) => {
+                return Err(EngineError::conflict(format!(
+                    "content type {:?} differs from the source stream's {:?}",
+                    ct.as_str(),
+                    source.config.content_type
+                )))
+            }
+            _ => shape.content_type = source.config.content_type.clone(),
+        }
+        let tail = source.view().tail;
+        let anchor = f.offset.unwrap_or(tail);
+        let source_start = self.start_of(&source).await?;
+        if anchor < source_start {
+            return Err(EngineError::Trimmed {
+                start: source_start,
+            });
+        }
+        if anchor > tail {
+            return Err(Invalid::ForkOffsetPastTail.into());
+        }
+        if f.sub_offset > 0 && f.offset.is_none() {
+            return Err(Invalid::ForkSubOffsetWithoutOffset.into());
+        }
+        let point = if f.sub_offset > 0 {
+            self.resolve_sub_offset(&source, anchor, f.sub_offset)
+                .await?
+        } else {
+            anchor
+        };
+        if shape.ttl_secs.is_none() && shape.expires_at.is_none() {
+            shape.ttl_secs = source.config.ttl_secs;
+            shape.expires_at = source.config.expires_at.clone();
+            shape.expires_at_ms = source.config.expires_at_ms;
+        }
+        shape.fork = Some(ForkOrigin {
+            source_id: source.config.id,
+            point,
+            requested_offset: f.offset,
+            sub_offset: f.sub_offset,
+        });
+        Ok(())
+    }
+
+    fn new_handle(
+        &self,
+        req: &CreateRequest,
+        shape: &Shape,
+        json: bool,
+        created_ms: u64,
+    ) -> Arc<StreamHandle> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let start = shape.fork.as_ref().map_or(Offset::ZERO, |f| f.point);
+        let config = StreamConfig {
+            id,
+            name: req.name.to_string(),
+            content_type: shape.content_type.clone(),
+            json,
+            created_ms,
+            ttl_secs: shape.ttl_secs,
+            expires_at: shape.expires_at.clone(),
+            expires_at_ms: shape.expires_at_ms,
+            fork: shape.fork.clone(),
+        };
+        Arc::new(StreamHandle::new(
+            config,
+            Offset::ZERO,
+            None,
+            start,
+            false,
+            None,
+            None,
+            HashMap::new(),
+            Lifecycle::Live,
+            created_ms,
+            self.inner.config.tail_cache_bytes_per_stream,
+        ))
+    }
+
+    /// Submits a new stream's ops (create, retention, first append or close) under
+    /// its lock; returns the last op's number.
+    fn submit_creation(
+        &self,
+        handle: &Arc<StreamHandle>,
+        req: &CreateRequest,
+        create: CreateOp,
+        records: Vec<bytes::Bytes>,
+    ) -> Result<u64> {
+        let mut st = handle.lock();
+        if let Err(e) = self.submit(handle, 1, Op::Create(create)) {
+            drop(st);
+            self.inner.registry.remove(handle);
+            return Err(e);
+        }
+        st.next_op = 2;
+        if req.retention_secs.is_some() {
+            // The create op predates retention; the setting travels as its own op.
+            let secs = req.retention_secs;
+            self.submit(handle, 2, Op::SetRetention { secs })?;
+            st.retention_secs = secs;
+            st.next_op = 3;
+        }
+        if !records.is_empty() || req.closed {
+            let op = self.build_append(&mut st, records, req.closed, None, None);
+            // The create is queued; if this fails the stream exists, empty.
+            let op_no = st.next_op;
+            self.submit(handle, op_no, Op::Append(op.clone()))?;
+            self.commit_append(&mut st, op_no, &op);
+        }
+        Ok(st.next_op - 1)
+    }
+
+    /// The fork point `sub` units past `anchor` on `source`: bytes into the next
+    /// append for byte streams, messages into the next batch for JSON streams.
+    pub(crate) async fn resolve_sub_offset(
+        &self,
+        source: &Arc<StreamHandle>,
+        anchor: Offset,
+        sub: u64,
+    ) -> Result<Offset> {
+        let overshoot = || EngineError::from(Invalid::ForkSubOffsetPastAppend);
+        let chunk = self
+            .read_view(source, anchor, source.view().tail, 16 << 20)
+            .await?;
+        if source.config.json {
+            let mut pos = anchor;
+            for (i, (seg, flags)) in chunk
+                .segments
+                .iter()
+                .zip(&chunk.flags)
+                .enumerate()
+                .take(sub as usize)
+            {
+                if i > 0 && flags & RECORD_BATCH_START != 0 {
+                    return Err(overshoot());
+                }
+                pos = pos.advance(seg.len() as u64);
+            }
+            if (chunk.segments.len() as u64) < sub {
+                return Err(overshoot());
+            }
+            Ok(pos)
+        } else {
+            // The first append at the anchor, as this stream's view shows it.
+            let mut first_len = 0u64;
+            for (i, (seg, flags)) in chunk.segments.iter().zip(&chunk.flags).enumerate() {
+                if i > 0 && flags & RECORD_BATCH_START != 0 {
+                    break;
+                }
+                first_len += seg.len() as u64;
+            }
+            if sub > first_len {
+                return Err(overshoot());
+            }
+            Ok(anchor.advance(sub))
+        }
+    }
+}
+
+/// What a new stream is, once a fork's source has had its say.
+struct Shape {
+    content_type: String,
+    ttl_secs: Option<u64>,
+    expires_at: Option<String>,
+    expires_at_ms: Option<u64>,
+    fork: Option<ForkOrigin>,
+}
