@@ -5,7 +5,7 @@
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
-use picomq_engine::EngineError;
+use picomq_engine::{EngineError, Invalid};
 
 use crate::headers::*;
 
@@ -58,6 +58,7 @@ impl From<EngineError> for ApiError {
                 .with_header(STREAM_START_OFFSET, start)
                 .with_field("startOffset", start),
             E::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message),
+            E::Invalid(reason) => ApiError::from(reason),
             E::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
             E::ContentTypeMismatch { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "content_type_mismatch", message)
@@ -67,16 +68,20 @@ impl From<EngineError> for ApiError {
                     .with_header(STREAM_CLOSED, "true")
                     .with_header(STREAM_NEXT_OFFSET, tail)
             }
-            E::StreamSeqConflict { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "stream_seq_conflict", message)
-            }
+            E::StreamSeqConflict { last, got } => ApiError::new(
+                StatusCode::CONFLICT,
+                "stream_seq_conflict",
+                format!("Stream-Seq {got:?} is not greater than the last one, {last:?}"),
+            ),
             E::ProducerStaleEpoch { current, .. } => {
                 ApiError::new(StatusCode::FORBIDDEN, "producer_stale_epoch", message)
                     .with_header(PRODUCER_EPOCH, current)
             }
-            E::ProducerEpochMustStartAtZero => {
-                ApiError::new(StatusCode::BAD_REQUEST, "producer_epoch_seq", message)
-            }
+            E::ProducerEpochMustStartAtZero => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "producer_epoch_seq",
+                "a new producer epoch must start at Producer-Seq 0",
+            ),
             E::ProducerSeqGap { expected, received } => {
                 ApiError::new(StatusCode::CONFLICT, "producer_seq_gap", message)
                     .with_header(PRODUCER_EXPECTED_SEQ, expected)
@@ -99,6 +104,33 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
         }
+    }
+}
+
+/// The engine's reasons, worded with the protocol's header names.
+impl From<Invalid> for ApiError {
+    fn from(reason: Invalid) -> Self {
+        use Invalid as I;
+        let message = match &reason {
+            I::ContentTypeTooLong { max } => format!("Content-Type is longer than {max} bytes"),
+            I::ProducerIdLength { max } => format!("Producer-Id must be 1 to {max} bytes"),
+            I::StreamSeqTooLong { max } => format!("Stream-Seq is longer than {max} bytes"),
+            I::EmptyAppend => {
+                "append body is empty (only a close, Stream-Closed: true, may be empty)".into()
+            }
+            I::TtlWithExpiry => "Stream-TTL and Stream-Expires-At are mutually exclusive".into(),
+            I::ExpiryNotRfc3339 => "Stream-Expires-At must be an RFC 3339 timestamp".into(),
+            I::ForkOffsetPastTail => "Stream-Fork-Offset is beyond the source stream's tail".into(),
+            I::ForkSubOffsetWithoutOffset => {
+                "Stream-Fork-Sub-Offset needs an explicit Stream-Fork-Offset".into()
+            }
+            I::ForkSubOffsetPastAppend => {
+                "Stream-Fork-Sub-Offset is past the end of the next append".into()
+            }
+            // The same words whether it came in a header or a JSON body.
+            I::EmptyName | I::NameTooLong { .. } | I::Retention { .. } => reason.to_string(),
+        };
+        ApiError::bad_request(message)
     }
 }
 

@@ -9,9 +9,7 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{Response, StatusCode};
 use axum::Extension;
-use picomq_engine::meta::StreamRow;
-use picomq_engine::stream::{now_ms, parse_rfc3339_ms};
-use picomq_engine::EngineError;
+use picomq_engine::units::format_rfc3339_ms;
 use serde_json::json;
 
 use crate::auth::{Op, Principal, Token};
@@ -66,31 +64,6 @@ fn params(raw: Option<&str>) -> Result<ListParams, ApiError> {
     Ok(p)
 }
 
-/// By the metadata alone this stream may have expired (its sliding TTL counts
-/// accesses the index has not seen yet, so only the stream service can tell).
-fn maybe_expired(row: &StreamRow, now_ms: u64) -> bool {
-    let by_deadline = row
-        .expires_at
-        .as_deref()
-        .and_then(parse_rfc3339_ms)
-        .is_some_and(|at| at <= now_ms);
-    let by_ttl = row.ttl_secs.is_some_and(|ttl| {
-        row.last_access_ms.max(row.created_ms) + ttl.saturating_mul(1000) <= now_ms
-    });
-    by_deadline || by_ttl
-}
-
-fn rfc3339_ms(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
 pub async fn list(
     State(app): State<Arc<AppState>>,
     principal: Option<Extension<Principal>>,
@@ -124,37 +97,24 @@ async fn list_page(
             p.after = format!("{namespace}{}", p.after);
         }
     }
-    // One extra row says whether another page exists, so the last page says so.
-    let mut rows = app.engine.list(&p.prefix, &p.after, p.limit + 1).await?;
-    let more = rows.len() > p.limit as usize;
-    rows.truncate(p.limit as usize);
+    let page = app.engine.list(&p.prefix, &p.after, p.limit).await?;
     let shown = |name: &str| name.strip_prefix(namespace).unwrap_or(name).to_string();
-    let next = more.then(|| rows.last().map(|r| shown(&r.name))).flatten();
-    let now = now_ms();
-    let mut streams = Vec::with_capacity(rows.len());
-    for row in rows {
-        if viewer.is_some_and(|t| !t.allows(Op::Read, &row.name)) {
+    let next = page.next.as_deref().map(shown);
+    let mut streams = Vec::with_capacity(page.streams.len());
+    for info in page.streams {
+        if viewer.is_some_and(|t| !t.allows(Op::Read, &info.name)) {
             continue;
         }
-        let (tail, closed) = if maybe_expired(&row, now) {
-            match app.engine.head(&row.name).await {
-                Ok(info) => (info.tail, info.closed),
-                Err(EngineError::NotFound | EngineError::Gone) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        } else {
-            (row.tail, row.closed)
-        };
         streams.push(json!({
-            "name": shown(&row.name),
-            "contentType": row.content_type,
-            "nextOffset": tail.to_string(),
-            "closed": closed,
-            "createdAt": rfc3339_ms(row.created_ms),
-            "ttlSeconds": row.ttl_secs,
-            "expiresAt": row.expires_at,
-            "startOffset": row.start.to_string(),
-            "retentionSeconds": row.retention_secs,
+            "name": shown(&info.name),
+            "contentType": info.content_type,
+            "nextOffset": info.tail.to_string(),
+            "closed": info.closed,
+            "createdAt": format_rfc3339_ms(info.created_ms),
+            "ttlSeconds": info.ttl_secs,
+            "expiresAt": info.expires_at,
+            "startOffset": info.start.to_string(),
+            "retentionSeconds": info.retention_secs,
         }));
     }
     Ok(json_response(
@@ -185,6 +145,9 @@ mod tests {
 
     #[test]
     fn formats_creation_time() {
-        assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            format_rfc3339_ms(1_700_000_000_123),
+            "2023-11-14T22:13:20.123Z"
+        );
     }
 }

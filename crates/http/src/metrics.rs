@@ -11,10 +11,12 @@ use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
 use axum::Extension;
-use picomq_engine::metrics::Exposition;
+use picomq_engine::metrics::{Desc, Exposition};
 
 use crate::auth::{Op, Principal};
 use crate::AppState;
+
+static LIVE_READERS: Desc = Desc::gauge("picomq_live_readers", "Open SSE connections.");
 
 /// With auth on, only for tokens with the admin scope.
 pub async fn metrics(
@@ -28,12 +30,7 @@ pub async fn metrics(
     }
     let mut out = Exposition::new();
     app.engine.write_metrics(&mut out).await;
-    out.single(
-        "picomq_live_readers",
-        "gauge",
-        "Open SSE connections.",
-        app.live_readers.load(Relaxed) as f64,
-    );
+    out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .header("cache-control", "no-store")

@@ -100,6 +100,7 @@ pub async fn handle(
     if let Some(auth) = &app.auth {
         name = auth.authorize_stream(principal, Op::Delete, name)?;
     }
+    let name = picomq_engine::StreamName::new(name, app.engine.config().stream_name_bytes_max)?;
     let body = match action(verb, parts.uri.query())? {
         Action::Trim { before } => {
             let start = app.engine.trim(&name, before).await?;

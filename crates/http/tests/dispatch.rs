@@ -17,8 +17,11 @@ const ADMIN: &str = "dispatch-admin-secret-0123456789abcdef0123456789abcdef";
 async fn api(auth: bool) -> Api {
     let store = picomq_engine::store::open("memory://").expect("memory store");
     let meta = Meta::open("sqlite::memory:").await.expect("meta");
+    let engine = Engine::open(EngineConfig::default(), store, meta)
+        .await
+        .expect("engine");
     let auth = if auth {
-        let auth = Auth::open(meta.clone(), AuthConfig::default())
+        let auth = Auth::open(engine.clone(), AuthConfig::default())
             .await
             .expect("auth");
         auth.bootstrap(ADMIN).await.expect("bootstrap");
@@ -26,9 +29,6 @@ async fn api(auth: bool) -> Api {
     } else {
         None
     };
-    let engine = Engine::open(EngineConfig::default(), store, meta)
-        .await
-        .expect("engine");
     picomq_http::router(
         engine,
         HttpConfig {

@@ -27,12 +27,7 @@ impl Rng {
         let seed = std::env::var("PICOMQ_FUZZ_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            })
+            .unwrap_or_else(|| fastrand::u64(..))
             | 1;
         // Printed so a failure can be replayed with PICOMQ_FUZZ_SEED.
         eprintln!("fuzz {label}: PICOMQ_FUZZ_SEED={seed}");
@@ -230,13 +225,13 @@ async fn router_never_panics_or_fails_on_garbage() {
     let mut rng = Rng::new("router");
     let store = picomq_engine::store::open("memory://").expect("memory store");
     let meta = Meta::open("sqlite::memory:").await.expect("meta");
-    let auth = Auth::open(meta.clone(), AuthConfig::default())
-        .await
-        .expect("auth");
-    auth.bootstrap(ADMIN).await.expect("bootstrap");
     let engine = Engine::open(EngineConfig::default(), store, meta)
         .await
         .expect("engine");
+    let auth = Auth::open(engine.clone(), AuthConfig::default())
+        .await
+        .expect("auth");
+    auth.bootstrap(ADMIN).await.expect("bootstrap");
     let config = HttpConfig {
         long_poll_timeout: Duration::from_millis(10),
         sse_max_duration: Duration::from_millis(10),

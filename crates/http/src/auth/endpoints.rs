@@ -9,7 +9,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{Response, StatusCode};
 use axum::Extension;
-use picomq_engine::stream::now_ms;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -52,12 +51,7 @@ async fn json_body<T: for<'de> Deserialize<'de>>(
 }
 
 fn rfc3339(ms: u64) -> Value {
-    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok();
-    t.and_then(|t| {
-        t.format(&time::format_description::well_known::Rfc3339)
-            .ok()
-    })
-    .map_or(Value::Null, Value::String)
+    Value::String(picomq_engine::units::format_rfc3339_ms(ms))
 }
 
 /// A token as listed: never its secret or hash. Namespaces and scopes are shown
@@ -114,7 +108,7 @@ pub async fn create(
                 "expiresInSeconds is at most {TOKEN_TTL_SECS_MAX} (ten years)"
             )))
         }
-        Some(s) => Some(now_ms() + s * 1000),
+        Some(s) => Some(app.engine.clock().now_ms() + s * 1000),
         None => None,
     };
     if req.description.len() > DESCRIPTION_BYTES_MAX
@@ -208,7 +202,7 @@ pub async fn mint_read_token(
             "expiresInSeconds must be from 1 to {max} (--read-token-max-ttl)"
         )));
     }
-    let expires_secs = now_ms() / 1000 + ttl;
+    let expires_secs = app.engine.clock().now_ms() / 1000 + ttl;
     let token = auth.read_key().mint(&name, expires_secs);
     Ok(json_response(
         StatusCode::CREATED,

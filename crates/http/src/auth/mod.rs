@@ -1,5 +1,6 @@
-//! Who may do what. `Auth` holds every token in memory (loaded from the metadata
-//! database at start, written through on every change), authenticates requests
+//! Who may do what. `Auth` holds every token in memory (loaded from the engine at
+//! start, written through it on every change: durable in the WAL before the answer),
+//! authenticates requests
 //! (`Authorization: Bearer`, or a signed read token in the query of a read) and
 //! authorizes an operation on a stream name, mapping it into the token's namespace.
 //! Absent entirely when the server runs with `--auth off`.
@@ -14,8 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode};
-use picomq_engine::meta::{Meta, TokenRow};
-use picomq_engine::stream::now_ms;
+use picomq_engine::{Engine, TokenRecord};
 
 use crate::error::ApiError;
 use credential::{ReadTokenError, ReadTokenKey, SecretHash};
@@ -64,7 +64,7 @@ pub struct Token {
 }
 
 impl Token {
-    fn from_row(row: &TokenRow) -> Result<Token, String> {
+    fn from_record(row: &TokenRecord) -> Result<Token, String> {
         let scopes = row
             .scopes
             .lines()
@@ -118,8 +118,8 @@ impl Token {
         }
     }
 
-    fn row(&self) -> TokenRow {
-        TokenRow {
+    fn record(&self) -> TokenRecord {
+        TokenRecord {
             id: self.id.clone(),
             secret_hash: self.secret_hash.to_vec(),
             parent_id: self.parent_id.clone(),
@@ -191,7 +191,8 @@ impl std::fmt::Debug for Auth {
 }
 
 pub struct Auth {
-    meta: Meta,
+    /// Where tokens are stored (durably, through the WAL) and the node's clock.
+    engine: Engine,
     tokens: RwLock<Tokens>,
     /// Serializes changes, so the rights checked are the rights written.
     changes: tokio::sync::Mutex<()>,
@@ -220,21 +221,21 @@ pub fn forbidden(message: impl Into<String>) -> ApiError {
 
 impl Auth {
     /// Loads every token, and the signing key (created at first start).
-    pub async fn open(meta: Meta, config: AuthConfig) -> Result<Auth, String> {
-        let rows = meta
+    pub async fn open(engine: Engine, config: AuthConfig) -> Result<Auth, String> {
+        let rows = engine
             .tokens()
             .await
             .map_err(|e| format!("loading tokens: {e}"))?;
         let mut tokens = Tokens::default();
         for row in &rows {
-            tokens.insert(Arc::new(Token::from_row(row)?));
+            tokens.insert(Arc::new(Token::from_record(row)?));
         }
-        let key = meta
+        let key = engine
             .server_key("read-token-hmac", &credential::random_bytes::<32>())
             .await
             .map_err(|e| format!("loading the signing key: {e}"))?;
         Ok(Auth {
-            meta,
+            engine,
             tokens: RwLock::new(tokens),
             changes: tokio::sync::Mutex::new(()),
             read_key: ReadTokenKey::new(&key),
@@ -275,13 +276,15 @@ impl Auth {
             "bootstrap admin token (--bootstrap-token-file)".into(),
             vec![Scope::parse("all:**").expect("valid scope")],
             String::new(),
-            existing.as_ref().map_or_else(now_ms, |t| t.created_ms),
+            existing
+                .as_ref()
+                .map_or_else(|| self.now_ms(), |t| t.created_ms),
             None,
             None,
             hash,
         );
-        self.meta
-            .put_token(&token.row())
+        self.engine
+            .put_token(token.record())
             .await
             .map_err(|e| format!("storing the bootstrap token: {e}"))?;
         self.write().insert(Arc::new(token));
@@ -292,9 +295,14 @@ impl Auth {
         Ok(())
     }
 
+    /// Now, on the node's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.engine.clock().now_ms()
+    }
+
     /// Whether any token could ever authenticate (else nobody can use the server).
     pub fn any_live_token(&self) -> bool {
-        let now = now_ms();
+        let now = self.now_ms();
         self.read().by_id.values().any(|t| t.is_live(now))
     }
 
@@ -326,7 +334,7 @@ impl Auth {
             if token.revoked_ms.is_some() {
                 return Err(unauthorized("invalid_token", "the token was revoked"));
             }
-            if token.expires_ms.is_some_and(|e| e <= now_ms()) {
+            if token.expires_ms.is_some_and(|e| e <= self.now_ms()) {
                 return Err(unauthorized("invalid_token", "the token has expired"));
             }
             return Ok(Some(Principal::Token(token)));
@@ -346,7 +354,7 @@ impl Auth {
             ));
         }
         let (expires_secs, mac) =
-            ReadTokenKey::parse(raw, now_ms() / 1000).map_err(|e| match e {
+            ReadTokenKey::parse(raw, self.now_ms() / 1000).map_err(|e| match e {
                 ReadTokenError::Expired => {
                     unauthorized("invalid_token", "the read token has expired")
                 }
@@ -507,7 +515,7 @@ impl Auth {
             req.description,
             req.scopes,
             namespace,
-            now_ms(),
+            self.now_ms(),
             expires_ms,
             None,
             credential::hash_secret(&secret),
@@ -530,7 +538,7 @@ impl Auth {
                 ),
             ));
         }
-        self.meta.put_token(&token.row()).await?;
+        self.engine.put_token(token.record()).await?;
         let token = Arc::new(token);
         self.write().insert(token.clone());
         Ok((token, secret))
@@ -579,8 +587,8 @@ impl Auth {
             return Ok(false);
         }
         let ids = self.descendants(id);
-        let now = now_ms();
-        self.meta.revoke_tokens(&ids, now).await?;
+        let now = self.now_ms();
+        self.engine.revoke_tokens(ids.clone(), now).await?;
         let mut tokens = self.write();
         for id in &ids {
             if let Some(t) = tokens.by_id.get(id).cloned() {

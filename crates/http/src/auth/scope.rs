@@ -87,6 +87,9 @@ pub enum Tok {
 
 impl Pattern {
     pub fn parse(raw: &str) -> Result<Pattern, String> {
+        // A leading `/` means what it means in a stream's path: names are stored
+        // without it (`/logs/*` and `logs/*` are one pattern).
+        let raw = raw.strip_prefix('/').unwrap_or(raw);
         if raw.is_empty() {
             return Err("a scope's pattern is empty (use ** for every stream)".into());
         }
@@ -276,10 +279,12 @@ impl Scope {
             };
         }
         let pattern = Pattern::parse(pattern_text).map_err(|e| format!("scope {text:?}: {e}"))?;
+        // Shown as it matches: without the leading `/` a stream path has.
+        let shown = pattern_text.strip_prefix('/').unwrap_or(pattern_text);
         Ok(Scope {
             ops,
             pattern,
-            text: format!("{}:{pattern_text}", ops_names(ops)),
+            text: format!("{}:{shown}", ops_names(ops)),
         })
     }
 }
@@ -340,9 +345,20 @@ mod tests {
         assert_eq!(p("a\\*"), Pattern::Exact("a*".into()));
         assert!(matches!(p("a/*"), Pattern::Glob(_)));
         assert!(matches!(p("a/**/x"), Pattern::Glob(_)));
-        for bad in ["", "a b", "a\\", &"x".repeat(257)] {
+        for bad in ["", "/", "a b", "a\\", &"x".repeat(257)] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_leading_slash_is_the_one_a_stream_path_has() {
+        assert_eq!(p("/logs/*"), p("logs/*"));
+        assert_eq!(p("/logs/a"), Pattern::Exact("logs/a".into()));
+        assert_eq!(p("/**"), Pattern::Prefix("".into()));
+        assert!(p("/logs/*").matches("logs/a"));
+        let scope = Scope::parse("read:/logs/*").unwrap();
+        assert!(scope.ops.has(Op::Read) && scope.pattern.matches("logs/a"));
+        assert_eq!(scope.to_string(), "read:logs/*");
     }
 
     #[test]

@@ -13,6 +13,8 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, Method, Request, Response, StatusCode};
 
+use picomq_engine::StreamName;
+
 use crate::auth::{Op, Principal};
 use crate::error::ApiError;
 use crate::AppState;
@@ -64,6 +66,9 @@ pub async fn handle(
         }
         Some(_) => Caller::Open,
     };
+    // The name as the engine takes it: checked once, here.
+    let max = app.engine.config().stream_name_bytes_max;
+    let name = StreamName::new(name, max).map_err(ApiError::from)?;
     // Every request's future is as large as its largest branch and is moved into a
     // box per request: the append's branch is inline, the others are boxed, so an
     // append's future is 3,456 bytes instead of 5,096 (with the engine's rare

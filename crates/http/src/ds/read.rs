@@ -2,12 +2,11 @@
 //! `sse`.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Response, StatusCode};
 use bytes::{BufMut, Bytes, BytesMut};
-use picomq_engine::{OffsetQuery, ReadChunk, StreamRef, WaitOutcome};
+use picomq_engine::{OffsetQuery, ReadChunk, StreamName, StreamRef};
 
 use super::{offset_value, query, value, Caller, HttpResult};
 use crate::cursor::next_cursor;
@@ -20,7 +19,7 @@ const CACHE_IMMUTABLE_CHUNK: &str = "public, max-age=60, stale-while-revalidate=
 /// At the tail more data may come: caches must revalidate (ETag) every time.
 const CACHE_AT_TAIL: &str = "no-cache";
 
-pub async fn head(app: &AppState, name: String) -> HttpResult {
+pub async fn head(app: &AppState, name: StreamName) -> HttpResult {
     let info = app.engine.head(&name).await?;
     let mut r = Response::builder()
         .status(StatusCode::OK)
@@ -59,31 +58,28 @@ enum Live {
     Sse,
 }
 
-pub fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+impl Live {
+    fn parse(live: Option<&str>) -> Result<Live, ApiError> {
+        match live {
+            None | Some("") | Some("false") => Ok(Live::CatchUp),
+            Some("long-poll") => Ok(Live::LongPoll),
+            Some("sse") => Ok(Live::Sse),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "live={other:?} is not a read mode; use long-poll or sse"
+            ))),
+        }
+    }
 }
 
 pub async fn get(
     app: &Arc<AppState>,
     caller: &Caller<'_>,
-    name: String,
+    name: StreamName,
     raw_query: Option<&str>,
     headers: &HeaderMap,
 ) -> HttpResult {
     let params = query::read_params(raw_query)?;
-    let live = match params.live.as_deref() {
-        None | Some("") | Some("false") => Live::CatchUp,
-        Some("long-poll") => Live::LongPoll,
-        Some("sse") => Live::Sse,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "live={other:?} is not a read mode; use long-poll or sse"
-            )))
-        }
-    };
+    let live = Live::parse(params.live.as_deref())?;
     if live != Live::CatchUp && params.offset.is_none() {
         return Err(ApiError::bad_request(
             "live reads need an offset (use -1 for the beginning, now for the tail)",
@@ -93,22 +89,15 @@ pub async fn get(
     let query =
         OffsetQuery::parse(offset_param).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stream = app.engine.stream(&name).await?;
-    app.engine.touch(&stream);
     let slot = match live {
         Live::CatchUp => None,
         _ => Some(app.live.acquire(&name, caller.token_id())?),
     };
-    let tail = stream.info().tail;
-    // -1 means the earliest retained data; an offset below it is 410, checked here
-    // too so that SSE answers 410 rather than starting an event stream.
-    let from = match query {
-        OffsetQuery::Start => app.engine.retained_start(&stream).await?,
-        OffsetQuery::Now => tail,
-        OffsetQuery::At(o) => {
-            app.engine.check_retained(&stream, o).await?;
-            o
-        }
-    };
+    // Where the read begins (the engine's rule: -1, now, or the start of the append
+    // holding the offset), 410 below the first readable offset; checked before an
+    // SSE response starts.
+    let start = app.engine.read_start(&stream, query).await?;
+    let from = start.from;
     match live {
         Live::Sse => {
             return Ok(super::sse::respond(
@@ -124,40 +113,48 @@ pub async fn get(
         _ => {}
     }
     let max = app.engine.config().read_bytes_max;
-    let mut chunk = app.engine.read(&stream, from, max).await?;
-    let cursor =
-        (live == Live::LongPoll).then(|| next_cursor(now_secs(), params.cursor.as_deref()));
-    if live == Live::LongPoll && chunk.segments.is_empty() {
-        if !chunk.closed {
-            // At shutdown, answer like a timeout: the client polls again, elsewhere.
-            let outcome = tokio::select! {
-                r = app.engine.wait(&stream, from, app.long_poll_timeout) => r?,
-                _ = app.shutdown.fired() => WaitOutcome::TimedOut,
-            };
-            app.engine.touch(&stream);
-            if let WaitOutcome::Ready = outcome {
-                chunk = app.engine.read(&stream, from, max).await?;
-            }
+    let chunk = match live {
+        // Past the tail a long-poll answers at once, as a catch-up read would.
+        Live::LongPoll if !start.past_tail => {
+            let shutdown = app.shutdown.fired();
+            let timeout = app.long_poll_timeout;
+            app.engine
+                .read_or_wait(&stream, from, max, timeout, shutdown)
+                .await?
         }
-        if chunk.segments.is_empty() {
-            let mut r = Response::builder()
-                .status(StatusCode::NO_CONTENT)
-                .header(STREAM_NEXT_OFFSET, offset_value(chunk.next))
-                .header(STREAM_UP_TO_DATE, "true")
-                .header(header::CACHE_CONTROL, "no-store");
-            if chunk.closed {
-                r = r.header(STREAM_CLOSED, "true");
-            } else if let Some(c) = cursor {
-                r = r.header(STREAM_CURSOR, c);
-            }
-            return Ok(r.body(Body::empty()).expect("valid response"));
+        _ => app.engine.read(&stream, from, max).await?,
+    };
+    let cursor = (live == Live::LongPoll)
+        .then(|| next_cursor(app.engine.clock().now_ms() / 1000, params.cursor.as_deref()));
+    if live == Live::LongPoll && chunk.segments.is_empty() && !start.past_tail {
+        let mut r = Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .header(STREAM_NEXT_OFFSET, offset_value(chunk.next))
+            .header(STREAM_UP_TO_DATE, "true")
+            .header(header::CACHE_CONTROL, "no-store");
+        if chunk.closed {
+            r = r.header(STREAM_CLOSED, "true");
+        } else if let Some(c) = cursor {
+            r = r.header(STREAM_CURSOR, c);
         }
+        return Ok(r.body(Body::empty()).expect("valid response"));
     }
     // After a trim, -1 names different bytes: the tag carries where they began.
     let requested = match query {
         OffsetQuery::Start if from > picomq_engine::Offset::ZERO => from.to_string(),
         _ => offset_param.to_string(),
     };
+    Ok(chunk_response(&stream, &chunk, &requested, cursor, headers))
+}
+
+/// A read's 200 (or 304 when the client holds this very chunk).
+fn chunk_response(
+    stream: &StreamRef,
+    chunk: &ReadChunk,
+    requested: &str,
+    cursor: Option<u64>,
+    headers: &HeaderMap,
+) -> Response<Body> {
     let etag = format!(
         "\"{}:{}:{}{}\"",
         stream.info().id,
@@ -170,11 +167,11 @@ pub async fn get(
         .and_then(|v| v.to_str().ok())
         == Some(etag.as_str())
     {
-        return Ok(Response::builder()
+        return Response::builder()
             .status(StatusCode::NOT_MODIFIED)
             .header(header::ETAG, etag)
             .body(Body::empty())
-            .expect("valid response"));
+            .expect("valid response");
     }
     let mut r = Response::builder()
         .status(StatusCode::OK)
@@ -201,7 +198,7 @@ pub async fn get(
     if let Some(c) = cursor.filter(|_| !chunk.closed) {
         r = r.header(STREAM_CURSOR, c);
     }
-    Ok(r.body(Body::from(body_of(&chunk))).expect("valid response"))
+    r.body(Body::from(body_of(chunk))).expect("valid response")
 }
 
 /// `offset=now` catch-up: no data, just where the tail is.

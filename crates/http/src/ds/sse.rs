@@ -13,11 +13,10 @@ use axum::body::Body;
 use axum::http::{header, Response, StatusCode};
 use base64::Engine as _;
 use bytes::Bytes;
-use picomq_engine::stream::now_ms;
 use picomq_engine::{EngineError, Offset, StreamRef, WaitOutcome};
 use tokio::sync::watch;
 
-use super::read::{body_of, now_secs};
+use super::read::body_of;
 use crate::auth::{Auth, Principal};
 use crate::cursor::next_cursor;
 use crate::headers::STREAM_SSE_DATA_ENCODING;
@@ -37,7 +36,7 @@ pub fn respond(
     slot: Option<crate::limits::LiveSlot>,
     principal: Option<Principal>,
 ) -> Response<Body> {
-    let media = picomq_engine::stream::media_type(&stream.handle.config.content_type);
+    let media = picomq_engine::domain::media_type(&stream.handle.config.content_type);
     let encoding = if media.starts_with("text/") || media == "application/json" {
         Encoding::Text
     } else {
@@ -113,7 +112,7 @@ impl Credential {
     }
 
     fn check(&self) -> Result<(), Stop> {
-        if self.auth.still_valid(&self.principal, now_ms()) {
+        if self.auth.still_valid(&self.principal, self.auth.now_ms()) {
             Ok(())
         } else {
             Err(Stop::CredentialEnded)
@@ -123,7 +122,9 @@ impl Credential {
     /// How long until it expires, if it does.
     fn remaining(&self) -> Option<Duration> {
         let expires = Auth::expires_ms(&self.principal)?;
-        Some(Duration::from_millis(expires.saturating_sub(now_ms())))
+        Some(Duration::from_millis(
+            expires.saturating_sub(self.auth.now_ms()),
+        ))
     }
 }
 
@@ -222,7 +223,10 @@ impl Pump {
         if chunk.closed {
             events.push_str(",\"streamClosed\":true,\"upToDate\":true");
         } else {
-            let cursor = next_cursor(now_secs(), self.client_cursor.as_deref());
+            let cursor = next_cursor(
+                self.app.engine.clock().now_ms() / 1000,
+                self.client_cursor.as_deref(),
+            );
             events.push_str(",\"streamCursor\":\"");
             crate::digits::push_decimal(&mut events, cursor);
             events.push('"');

@@ -3,7 +3,8 @@
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Response, StatusCode};
 use picomq_engine::{
-    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Offset, ProducerHeaders,
+    AppendOutcome, AppendRequest, ContentType, CreateRequest, ForkRequest, Invalid, Offset,
+    Producer, ProducerId, StreamName,
 };
 
 use super::{offset_value, query, read_body, value, Caller, HttpResult};
@@ -13,99 +14,24 @@ use crate::error::ApiError;
 use crate::headers::{self, *};
 use crate::AppState;
 
-/// A Content-Type worth keeping: `type/subtype` shaped, else `None`.
-fn content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let raw = headers::text(headers, &header::CONTENT_TYPE)?
-        .map(str::trim)
-        .filter(|s| !s.is_empty());
-    Ok(raw
-        .filter(|ct| looks_like_media_type(ct))
-        .map(str::to_string))
-}
-
-fn looks_like_media_type(ct: &str) -> bool {
-    let essence = ct.split(';').next().unwrap_or("").trim();
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-+._".contains(&b))
-    };
-    essence.split_once('/').is_some_and(|(t, s)| ok(t) && ok(s))
+/// The request's Content-Type as the client sent it (trimmed), if any.
+fn content_type(app: &AppState, headers: &HeaderMap) -> Result<Option<ContentType>, ApiError> {
+    let max = app.engine.config().content_type_bytes_max;
+    match headers::text(headers, &header::CONTENT_TYPE)? {
+        None => Ok(None),
+        Some(raw) => Ok(ContentType::new(raw, max)?),
+    }
 }
 
 pub async fn create(
     app: &AppState,
     caller: &Caller<'_>,
-    name: String,
+    name: StreamName,
     headers: &HeaderMap,
     body: Body,
 ) -> HttpResult {
-    let ttl = headers::text(headers, &STREAM_TTL)?;
-    let expires_at = headers::text(headers, &STREAM_EXPIRES_AT)?;
-    if ttl.is_some() && expires_at.is_some() {
-        return Err(ApiError::bad_request(
-            "Stream-TTL and Stream-Expires-At are mutually exclusive",
-        ));
-    }
-    let ttl_secs = ttl
-        .map(|t| headers::strict_uint(t, "Stream-TTL", u32::MAX as u64))
-        .transpose()?;
-    if let Some(at) = expires_at {
-        if picomq_engine::stream::parse_rfc3339_ms(at).is_none() {
-            return Err(ApiError::bad_request(
-                "Stream-Expires-At must be an RFC 3339 timestamp",
-            ));
-        }
-    }
-    let retention_secs = headers::text(headers, &STREAM_RETENTION)?
-        .map(|r| {
-            let secs = headers::strict_uint(
-                r.trim(),
-                "Stream-Retention",
-                picomq_engine::config::RETENTION_SECS_MAX,
-            )?;
-            if secs == 0 {
-                return Err(ApiError::bad_request(
-                    "Stream-Retention must be a positive number of seconds",
-                ));
-            }
-            Ok(secs)
-        })
-        .transpose()?;
-    let forked_from = headers::text(headers, &STREAM_FORKED_FROM)?;
-    let fork_offset = headers::text(headers, &STREAM_FORK_OFFSET)?;
-    let sub_offset = headers::text(headers, &STREAM_FORK_SUB_OFFSET)?;
-    if forked_from.is_none() && (fork_offset.is_some() || sub_offset.is_some()) {
-        return Err(ApiError::bad_request(
-            "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
-        ));
-    }
-    let fork = match forked_from {
-        None => None,
-        Some(source) => {
-            let mut source =
-                query::stream_name(source.trim(), app.engine.config().stream_name_bytes_max)?;
-            // A fork reads its source: the caller needs read on it too.
-            if let (Some(auth), Caller::Authorized { principal, .. }) = (&app.auth, caller) {
-                source = auth.authorize_stream(Some(principal), Op::Read, source)?;
-            }
-            let offset = fork_offset
-                .map(|o| {
-                    Offset::parse(o)
-                        .map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}")))
-                })
-                .transpose()?;
-            let sub_offset = sub_offset
-                .map(|s| headers::strict_uint(s, "Stream-Fork-Sub-Offset", u32::MAX as u64))
-                .transpose()?
-                .unwrap_or(0);
-            Some(ForkRequest {
-                source,
-                offset,
-                sub_offset,
-            })
-        }
-    };
+    let lifetime = lifetime(headers)?;
+    let fork = fork(app, caller, headers)?;
     let body = read_body(
         body,
         app.engine.config().append_bytes_max,
@@ -114,12 +40,14 @@ pub async fn create(
     .await?;
     // Held until the create finished, so concurrent creates count it.
     let _admitted = check_namespace_quota(app, caller, &name).await?;
+    // A value that is not shaped like a media type is treated as absent.
+    let content_type = content_type(app, headers)?.filter(ContentType::is_media_type);
     let request = CreateRequest {
         name: name.clone(),
-        content_type: content_type(headers)?,
-        ttl_secs,
-        expires_at: expires_at.map(str::to_string),
-        retention_secs,
+        content_type,
+        ttl_secs: lifetime.ttl_secs,
+        expires_at: lifetime.expires_at,
+        retention_secs: lifetime.retention_secs,
         closed: headers::flag_true(headers, &STREAM_CLOSED),
         fork,
         body,
@@ -144,13 +72,93 @@ pub async fn create(
     Ok(resp.body(Body::empty()).expect("valid response"))
 }
 
+/// `Stream-TTL`, `Stream-Expires-At` and `Stream-Retention` of a create.
+struct Lifetime {
+    ttl_secs: Option<u64>,
+    expires_at: Option<String>,
+    retention_secs: Option<u64>,
+}
+
+fn lifetime(headers: &HeaderMap) -> Result<Lifetime, ApiError> {
+    let ttl = headers::text(headers, &STREAM_TTL)?;
+    let expires_at = headers::text(headers, &STREAM_EXPIRES_AT)?;
+    if ttl.is_some() && expires_at.is_some() {
+        return Err(Invalid::TtlWithExpiry.into());
+    }
+    let ttl_secs = ttl
+        .map(|t| headers::strict_uint(t, "Stream-TTL", u32::MAX as u64))
+        .transpose()?;
+    if expires_at.is_some_and(|at| picomq_engine::units::parse_rfc3339_ms(at).is_none()) {
+        return Err(Invalid::ExpiryNotRfc3339.into());
+    }
+    let retention_secs = headers::text(headers, &STREAM_RETENTION)?
+        .map(|r| {
+            let secs = headers::strict_uint(
+                r.trim(),
+                "Stream-Retention",
+                picomq_engine::config::RETENTION_SECS_MAX,
+            )?;
+            if secs == 0 {
+                return Err(ApiError::bad_request(
+                    "Stream-Retention must be a positive number of seconds",
+                ));
+            }
+            Ok(secs)
+        })
+        .transpose()?;
+    Ok(Lifetime {
+        ttl_secs,
+        expires_at: expires_at.map(str::to_string),
+        retention_secs,
+    })
+}
+
+/// `Stream-Forked-From` (with `Stream-Fork-Offset` and `Stream-Fork-Sub-Offset`): a
+/// fork reads its source, so the caller needs read on it too.
+fn fork(
+    app: &AppState,
+    caller: &Caller<'_>,
+    headers: &HeaderMap,
+) -> Result<Option<ForkRequest>, ApiError> {
+    let forked_from = headers::text(headers, &STREAM_FORKED_FROM)?;
+    let fork_offset = headers::text(headers, &STREAM_FORK_OFFSET)?;
+    let sub_offset = headers::text(headers, &STREAM_FORK_SUB_OFFSET)?;
+    let Some(source) = forked_from else {
+        if fork_offset.is_some() || sub_offset.is_some() {
+            return Err(ApiError::bad_request(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+            ));
+        }
+        return Ok(None);
+    };
+    let max = app.engine.config().stream_name_bytes_max;
+    let mut source = query::stream_name(source.trim(), max)?;
+    if let (Some(auth), Caller::Authorized { principal, .. }) = (&app.auth, caller) {
+        source = auth.authorize_stream(Some(principal), Op::Read, source)?;
+    }
+    let offset = fork_offset
+        .map(|o| {
+            Offset::parse(o).map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}")))
+        })
+        .transpose()?;
+    let sub_offset = sub_offset
+        .map(|s| headers::strict_uint(s, "Stream-Fork-Sub-Offset", u32::MAX as u64))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(Some(ForkRequest {
+        source: StreamName::new(source, max)?,
+        offset,
+        sub_offset,
+    }))
+}
+
 /// `--max-streams-per-namespace`: a namespaced token creates no more streams than
 /// this under its namespace (re-creating an existing one is always fine). The admitted
 /// create counts as pending until the returned guard drops (see auth/quota.rs).
 async fn check_namespace_quota(
     app: &AppState,
     caller: &Caller<'_>,
-    name: &str,
+    name: &StreamName,
 ) -> Result<Option<Admitted>, ApiError> {
     let (
         Some(auth),
@@ -185,18 +193,16 @@ async fn check_namespace_quota(
     }
 }
 
-fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
+fn producer(app: &AppState, headers: &HeaderMap) -> Result<Option<Producer>, ApiError> {
     let id = headers::text(headers, &PRODUCER_ID)?;
     let epoch = headers::text(headers, &PRODUCER_EPOCH)?;
     let seq = headers::text(headers, &PRODUCER_SEQ)?;
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(id), Some(epoch), Some(seq)) => {
-            if id.is_empty() {
-                return Err(ApiError::bad_request("Producer-Id must not be empty"));
-            }
-            Ok(Some(ProducerHeaders {
-                id: id.to_string(),
+            let max = app.engine.config().producer_id_bytes_max;
+            Ok(Some(Producer {
+                id: ProducerId::new(id, max)?,
                 epoch: headers::producer_uint(epoch, "Producer-Epoch")?,
                 seq: headers::producer_uint(seq, "Producer-Seq")?,
             }))
@@ -207,27 +213,23 @@ fn producer(headers: &HeaderMap) -> Result<Option<ProducerHeaders>, ApiError> {
     }
 }
 
-pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Body) -> HttpResult {
-    let producer = producer(headers)?;
+pub async fn append(
+    app: &AppState,
+    name: StreamName,
+    headers: &HeaderMap,
+    body: Body,
+) -> HttpResult {
+    let producer = producer(app, headers)?;
     let close = headers::flag_true(headers, &STREAM_CLOSED);
     let stream_seq = headers::text(headers, &STREAM_SEQ)?.map(str::to_string);
-    let raw_content_type = headers::text(headers, &header::CONTENT_TYPE)?.map(str::to_string);
+    let content_type = content_type(app, headers)?;
     let body = read_body(
         body,
         app.engine.config().append_bytes_max,
         app.body_read_timeout,
     )
     .await?;
-    if body.is_empty() && !close {
-        return Err(ApiError::bad_request(
-            "append body is empty (only a close, Stream-Closed: true, may be empty)",
-        ));
-    }
-    if !body.is_empty()
-        && raw_content_type
-            .as_deref()
-            .is_none_or(|c| c.trim().is_empty())
-    {
+    if !body.is_empty() && content_type.is_none() {
         return Err(ApiError::bad_request(
             "Content-Type is required on an append with a body",
         ));
@@ -238,7 +240,7 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
         .engine
         .append(AppendRequest {
             name,
-            content_type: raw_content_type,
+            content_type,
             body,
             close,
             stream_seq,
@@ -287,7 +289,7 @@ pub async fn append(app: &AppState, name: String, headers: &HeaderMap, body: Bod
     Ok(resp.body(Body::empty()).expect("valid response"))
 }
 
-pub async fn delete(app: &AppState, name: String) -> HttpResult {
+pub async fn delete(app: &AppState, name: StreamName) -> HttpResult {
     app.engine.delete(&name).await?;
     Ok(Response::builder()
         .status(StatusCode::NO_CONTENT)
