@@ -1,13 +1,9 @@
-//! `picomq`: the one binary. `serve` runs the server; the client commands (`cli`),
-//! admin and benchmark commands talk HTTP to any server.
-
-mod cli;
-mod config_file;
-mod logging;
-mod serve;
-mod storage;
+//! `picomq`: the one binary. `serve` runs a node (`picomq_node`); the client
+//! commands (`cli`), admin and benchmark commands talk HTTP to any server. The
+//! commands live in the `picomq` library; this is the process around them.
 
 use clap::{Parser, Subcommand};
+use picomq::{cli, config_file, serve};
 
 /// mimalloc instead of glibc malloc: the request path allocates a few dozen small
 /// objects per append across threads, where glibc spent ~16% of the server's

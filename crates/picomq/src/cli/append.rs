@@ -114,6 +114,7 @@ impl Producer<'_> {
 }
 
 /// A random Producer-Id per run: never reused, so seq 0 always starts a new producer.
+#[allow(clippy::disallowed_methods)] // the time is entropy here, not a timestamp
 fn producer_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

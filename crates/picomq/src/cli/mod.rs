@@ -276,6 +276,12 @@ pub struct Backoff {
     next: Duration,
 }
 
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
+    }
+}
+
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(100);
     const MAX: Duration = Duration::from_secs(5);

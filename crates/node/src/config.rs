@@ -1,0 +1,243 @@
+//! Everything a node is configured with, and its defaults: the node's own settings
+//! here, the engine's in `picomq_engine::config`, the edge's in `picomq_http`
+//! (`HttpConfig`, `ServerOptions`, `AuthConfig`). Each default is stated once, in
+//! those `Default` impls; `picomq serve`'s flags and its TOML file read theirs from
+//! [`Config::default`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use picomq_engine::EngineConfig;
+use picomq_http::auth::AuthConfig;
+use picomq_http::server::ServerOptions;
+use picomq_http::HttpConfig;
+
+/// Whether requests need a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Every request needs a token (or a signed read token for reads).
+    Required,
+    /// No authentication: anyone who reaches the port may do anything.
+    Off,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The API port.
+    pub listen: SocketAddr,
+    /// Also serve /metrics, /healthz and /readyz here.
+    pub admin_listen: Option<SocketAddr>,
+    /// Where the default object store and metadata database live.
+    pub data_dir: PathBuf,
+    /// Object store URL; `None`: `file://DATA_DIR/objects`.
+    pub store: Option<String>,
+    /// A store of its own for WAL objects; `None`: the object store.
+    pub wal_store: Option<String>,
+    /// Metadata database URL; `None`: `sqlite://DATA_DIR/meta.sqlite`, in memory with
+    /// a `memory://` store.
+    pub meta: Option<String>,
+    /// Testing and benchmarks: latency added to every object-store request.
+    pub store_latency: Option<Duration>,
+    /// Compaction's object-store request budget; `None`: the engine's default on a
+    /// bucket, unlimited when every store is local (their requests cost nothing).
+    pub compaction_requests_per_sec: Option<f64>,
+    pub engine: EngineConfig,
+    /// The edge's settings (its shutdown signal and tokens are the node's own at
+    /// start, whatever is set here).
+    pub http: HttpConfig,
+    /// Connection limits (the TLS setting is `tls` below).
+    pub server: ServerOptions,
+    pub auth: AuthMode,
+    pub auth_limits: AuthConfig,
+    /// File holding the bootstrap admin token (with `auth` required).
+    pub bootstrap_token_file: Option<PathBuf>,
+    /// With `auth` off, listen on a non-loopback address anyway.
+    pub allow_unauthenticated_public: bool,
+    /// PEM certificate chain and private key: serve HTTPS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Upper bound on a graceful stop: in-flight requests get three quarters of it,
+    /// the WAL flush the rest.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4437)),
+            admin_listen: None,
+            data_dir: PathBuf::from("./picomq-data"),
+            store: None,
+            wal_store: None,
+            meta: None,
+            store_latency: None,
+            compaction_requests_per_sec: None,
+            engine: EngineConfig::default(),
+            http: HttpConfig::default(),
+            server: ServerOptions::default(),
+            auth: AuthMode::Off,
+            auth_limits: AuthConfig::default(),
+            bootstrap_token_file: None,
+            allow_unauthenticated_public: false,
+            tls: None,
+            shutdown_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Config {
+    /// A node on a fresh directory and an ephemeral loopback port, everything else
+    /// default (tests and embedding).
+    pub fn ephemeral(data_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: data_dir.into(),
+            ..Config::default()
+        }
+    }
+
+    /// Refuses settings that cannot work, with the flag to blame.
+    pub fn check(&self) -> Result<(), String> {
+        let public = !self.listen.ip().is_loopback();
+        if self.auth == AuthMode::Off && public && !self.allow_unauthenticated_public {
+            return Err(format!(
+                "refusing to listen on {} with --auth off: anyone reaching it could read, write and delete every stream. Use --auth required (with --bootstrap-token-file), listen on a loopback address, or pass --allow-unauthenticated-public if this is intended",
+                self.listen
+            ));
+        }
+        if self.auth == AuthMode::Off && self.bootstrap_token_file.is_some() {
+            return Err("--bootstrap-token-file needs --auth required".into());
+        }
+        let e = &self.engine;
+        for (name, v) in [
+            ("wal-max-object-bytes", e.wal.flush_bytes_max),
+            ("wal-max-inflight", e.wal.uploads_in_flight_max),
+            ("wal-buffer-bytes", e.wal.buffer_bytes_max),
+            ("max-append-bytes", e.append_bytes_max),
+            ("max-read-bytes", e.read_bytes_max),
+            ("max-name-bytes", e.stream_name_bytes_max),
+            ("max-active-streams", e.active_streams_max),
+            (
+                "max-live-readers-per-stream",
+                self.http.live_readers_per_stream_max,
+            ),
+            (
+                "max-live-readers-per-token",
+                self.http.live_readers_per_token_max,
+            ),
+            ("max-tokens", self.auth_limits.tokens_max),
+            ("max-header-bytes", self.server.header_bytes_max),
+            ("max-connections", self.server.connections_max),
+        ] {
+            if v == 0 {
+                return Err(format!("--{name} must be greater than 0"));
+            }
+        }
+        if let Some(rate) = e.wal.max_writes_per_sec {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err("--max-writes-per-sec must be a positive number".into());
+            }
+        }
+        if e.wal.overlap_after.is_some_and(|d| d.is_zero()) {
+            return Err("--wal-overlap-after must be greater than 0".into());
+        }
+        if self.auth_limits.streams_per_namespace_max == Some(0) {
+            return Err("--max-streams-per-namespace must be greater than 0".into());
+        }
+        for (name, d) in [
+            ("header-read-timeout", self.server.header_read_timeout),
+            ("body-read-timeout", self.http.body_read_timeout),
+            ("read-token-max-ttl", self.auth_limits.read_token_ttl_max),
+        ] {
+            if d < Duration::from_millis(1) {
+                return Err(format!("--{name} must be at least 1ms"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The object store's URL.
+    pub fn store_url(&self) -> Result<String, String> {
+        Ok(match &self.store {
+            Some(url) => url.clone(),
+            None => format!(
+                "file://{}",
+                self.absolute_data_dir()?.join("objects").display()
+            ),
+        })
+    }
+
+    /// The metadata database's URL (creating the data directory it lives in).
+    pub fn meta_url(&self) -> Result<String, String> {
+        if let Some(url) = &self.meta {
+            return Ok(url.clone());
+        }
+        if self.store_url()?.starts_with("memory:") {
+            return Ok("sqlite::memory:".into());
+        }
+        let dir = self.absolute_data_dir()?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+        Ok(format!("sqlite://{}", dir.join("meta.sqlite").display()))
+    }
+
+    fn absolute_data_dir(&self) -> Result<PathBuf, String> {
+        std::path::absolute(&self.data_dir).map_err(|e| format!("--data-dir: {e}"))
+    }
+
+    /// The engine's settings with what depends on the stores filled in.
+    pub fn engine_config(&self) -> Result<EngineConfig, String> {
+        let mut engine = self.engine.clone();
+        let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
+        let local = local(&self.store_url()?) && self.wal_store.as_deref().is_none_or(local);
+        engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
+            Some(rate) => rate,
+            // The local store's requests are reads and writes of local files: only
+            // the byte budget means anything there.
+            None if local => f64::INFINITY,
+            None => EngineConfig::default().compaction.requests_per_sec,
+        };
+        Ok(engine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(store: &str, wal_store: Option<&str>, set: Option<f64>) -> f64 {
+        let config = Config {
+            store: Some(store.into()),
+            wal_store: wal_store.map(str::to_string),
+            compaction_requests_per_sec: set,
+            ..Config::default()
+        };
+        config.engine_config().unwrap().compaction.requests_per_sec
+    }
+
+    #[test]
+    fn compaction_request_budget_is_unlimited_only_on_local_stores() {
+        assert_eq!(
+            budget("file:///var/lib/picomq/objects", None, None),
+            f64::INFINITY
+        );
+        assert_eq!(budget("memory://", None, None), f64::INFINITY);
+        assert_eq!(budget("s3://bucket/prefix", None, None), 50.0);
+        assert_eq!(budget("file:///x", Some("s3://wal"), None), 50.0);
+        assert_eq!(budget("file:///x", None, Some(7.0)), 7.0);
+    }
+
+    #[test]
+    fn open_public_ports_need_a_decision() {
+        let public = Config {
+            listen: "0.0.0.0:4437".parse().unwrap(),
+            ..Config::default()
+        };
+        assert!(public.check().unwrap_err().contains("--auth off"));
+        let allowed = Config {
+            allow_unauthenticated_public: true,
+            ..public.clone()
+        };
+        assert!(allowed.check().is_ok());
+        assert!(Config::default().check().is_ok());
+    }
+}

@@ -1,0 +1,330 @@
+//! A PicoMQ node as a library: [`Node::start`] opens the stores, binds the ports and
+//! recovers in the background (the ports answer "alive, not ready" meanwhile), then
+//! serves; [`Node::ready`] waits for that, [`Node::shutdown`] stops gracefully.
+//! `picomq serve` is flags, logging and signals around this; tests start nodes
+//! in-process through it.
+
+pub mod config;
+mod recovering;
+pub mod storage;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use picomq_engine::meta::Meta;
+use picomq_engine::Engine;
+use picomq_http::auth::Auth;
+use picomq_http::server::{ServerOptions, Tls};
+use picomq_http::{ShutdownSignal, ShutdownTrigger};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use config::{AuthMode, Config};
+use recovering::Recovering;
+
+/// Where a node is in its life.
+#[derive(Clone)]
+enum State {
+    Recovering,
+    Ready(Engine),
+    Failed(String),
+    Stopped,
+}
+
+/// A running node.
+pub struct Node {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    tls: Option<Arc<Tls>>,
+    state: watch::Receiver<State>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), String>>>,
+}
+
+/// What the node's task owns between start and stop.
+struct Started {
+    config: Config,
+    meta: Meta,
+    opened: storage::OpenedStore,
+    listener: TcpListener,
+    recovering: Recovering,
+    admin: Option<(TcpListener, Recovering)>,
+    tls: Option<Arc<Tls>>,
+    state: watch::Sender<State>,
+}
+
+impl Node {
+    /// Checks the configuration, opens the stores and the metadata, binds the ports,
+    /// and starts recovering; returns once the ports answer (not yet ready).
+    pub async fn start(config: Config) -> Result<Node, String> {
+        config.check()?;
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(Arc::new(Tls::load(cert, key)?)),
+            None => None,
+        };
+        let store_url = config.store_url()?;
+        let meta_url = config.meta_url()?;
+        let opened = storage::open(
+            &store_url,
+            config.wal_store.as_deref(),
+            config.engine.cost,
+            config.store_latency,
+        )?;
+        let cleaned = std::iter::once(store_url.clone()).chain(config.wal_store.clone());
+        storage::clean_abandoned_uploads(cleaned.collect());
+        if let Some(latency) = config.store_latency {
+            tracing::warn!(
+                ?latency,
+                "object-store latency injection is on (--store-latency)"
+            );
+        }
+        let meta = Meta::open(&meta_url)
+            .await
+            .map_err(|e| format!("--meta: {e}"))?;
+        // The port opens before recovery so probes can tell "alive" from "ready":
+        // until recovery ends it serves only /healthz, and 503 everywhere else.
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| format!("--listen {}: {e}", config.listen))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (listener, recovering) = recovering::serve(listener, tls.clone())?;
+        // The admin port too: liveness probes pointed at it pass during a long recovery.
+        let (admin, admin_addr) = match config.admin_listen {
+            Some(at) => {
+                let admin = TcpListener::bind(at)
+                    .await
+                    .map_err(|e| format!("--admin-listen {at}: {e}"))?;
+                let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+                (Some(recovering::serve(admin, None)?), Some(admin_addr))
+            }
+            None => (None, None),
+        };
+        tracing::info!(listen = %addr, store = %store_url, meta = %meta_url, "recovering");
+        let (state_tx, state) = watch::channel(State::Recovering);
+        let (stop, stopped) = oneshot::channel();
+        let started = Started {
+            config,
+            meta,
+            opened,
+            listener,
+            recovering,
+            admin,
+            tls: tls.clone(),
+            state: state_tx,
+        };
+        let task = tokio::spawn(started.run(stopped));
+        Ok(Node {
+            addr,
+            admin_addr,
+            tls,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The API port's address (the one asked for, or the port the OS chose).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://` or `https://` and the API port's address.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Waits until the node serves (recovery done): its engine, or why it failed.
+    pub async fn ready(&self) -> Result<Engine, String> {
+        let mut state = self.state.clone();
+        loop {
+            match &*state.borrow_and_update() {
+                State::Recovering => {}
+                State::Ready(engine) => return Ok(engine.clone()),
+                State::Failed(e) => return Err(e.clone()),
+                State::Stopped => return Err("the node stopped".into()),
+            }
+            if state.changed().await.is_err() {
+                return Err("the node stopped".into());
+            }
+        }
+    }
+
+    /// The TLS configuration, if the node serves HTTPS: `reload` it to pick up a
+    /// renewed certificate (new connections use it).
+    pub fn tls(&self) -> Option<Arc<Tls>> {
+        self.tls.clone()
+    }
+
+    /// Resolves when the node ended on its own (its server failed), with why.
+    pub async fn wait(&mut self) -> Result<(), String> {
+        let Some(task) = self.task.as_mut() else {
+            return Ok(());
+        };
+        let result = task.await.map_err(|e| format!("node task: {e}"))?;
+        self.task = None;
+        result
+    }
+
+    /// Stops gracefully: no new connections, live reads answer at once, in-flight
+    /// requests finish (three quarters of `shutdown_timeout`), then the WAL makes
+    /// everything accepted durable and indexed (the rest). Stopping during recovery
+    /// abandons it (nothing was acknowledged yet).
+    pub async fn shutdown(mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.wait().await
+    }
+}
+
+impl Started {
+    async fn run(self, mut stop: oneshot::Receiver<()>) -> Result<(), String> {
+        let state = self.state.clone();
+        let result = self.serve(&mut stop).await;
+        state.send_replace(match &result {
+            Err(e) => State::Failed(e.clone()),
+            Ok(()) => State::Stopped,
+        });
+        result
+    }
+
+    async fn serve(self, stop: &mut oneshot::Receiver<()>) -> Result<(), String> {
+        let Started {
+            config,
+            meta,
+            opened,
+            listener,
+            recovering,
+            admin,
+            tls,
+            state,
+        } = self;
+        let engine_config = config.engine_config()?;
+        let open = Engine::open_instrumented(engine_config, opened.store, opened.stats, meta);
+        let engine = tokio::select! {
+            r = open => r.map_err(|e| format!("recovery failed: {e}"))?,
+            _ = &mut *stop => {
+                tracing::info!("stopped during recovery");
+                return Ok(());
+            }
+        };
+        // Tokens load after recovery: it may have restored them from the bucket.
+        let auth = match open_auth(&config, engine.clone()).await {
+            Ok(auth) => auth,
+            Err(e) => {
+                engine.shutdown().await;
+                return Err(e);
+            }
+        };
+        recovering.stop().await;
+        let admin = match admin {
+            Some((listener, recovering)) => {
+                recovering.stop().await;
+                Some(listener)
+            }
+            None => None,
+        };
+        let (trigger, shutdown) = ShutdownSignal::new();
+        let mut http = config.http.clone();
+        http.shutdown = shutdown.clone();
+        http.auth = auth;
+        let (app, admin_routes) = picomq_http::routers(engine.clone(), http);
+        if let Some(admin) = admin {
+            let addr = admin.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(admin_listen = %addr, "serving /metrics, /healthz and /readyz");
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                axum::serve(admin, admin_routes)
+                    .with_graceful_shutdown(async move { stop.fired().await })
+                    .await
+            });
+        }
+        tracing::info!(
+            listen = %listener.local_addr().map_err(|e| e.to_string())?,
+            epoch = engine.epoch(),
+            tls = tls.is_some(),
+            auth = ?config.auth,
+            "picomq serving (ready)"
+        );
+        let options = ServerOptions {
+            tls,
+            peer_address: config.http.rate_limit_ip.is_some(),
+            ..config.server.clone()
+        };
+        let mut server = tokio::spawn(picomq_http::server::serve(
+            listener,
+            app,
+            options,
+            shutdown.clone(),
+        ));
+        state.send_replace(State::Ready(engine.clone()));
+        tokio::select! {
+            _ = &mut *stop => {}
+            r = &mut server => {
+                engine.shutdown().await;
+                return Err(format!("server stopped: {r:?}"));
+            }
+        }
+        stop_gracefully(&engine, trigger, server, config.shutdown_timeout).await
+    }
+}
+
+/// The drain, then the WAL flush, each within its share of `timeout`.
+async fn stop_gracefully(
+    engine: &Engine,
+    trigger: ShutdownTrigger,
+    mut server: JoinHandle<()>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let drain_deadline = started + timeout * 3 / 4;
+    let deadline = started + timeout;
+    tracing::info!(
+        ?timeout,
+        "shutting down: refusing new connections, ending live reads, finishing in-flight requests"
+    );
+    // Stops the accept loop and asks every connection to close once its request is
+    // answered; SSE and long-polls answer at once.
+    trigger.fire();
+    tokio::select! {
+        _ = &mut server => tracing::info!(elapsed = ?started.elapsed(), "all connections closed"),
+        _ = tokio::time::sleep_until(drain_deadline) => {
+            tracing::warn!("requests still running at the drain deadline are cut off (not acknowledged)");
+        }
+    }
+    server.abort();
+    tokio::select! {
+        _ = engine.shutdown() => {
+            tracing::info!(elapsed = ?started.elapsed(), "WAL flushed; bye");
+            Ok(())
+        }
+        _ = tokio::time::sleep_until(deadline) => Err(format!(
+            "the WAL did not flush within --shutdown-timeout {timeout:?}; appends that were not flushed were not acknowledged"
+        )),
+    }
+}
+
+/// Opens the token store (`--auth required`) and applies the bootstrap token.
+async fn open_auth(config: &Config, engine: Engine) -> Result<Option<Arc<Auth>>, String> {
+    if config.auth == AuthMode::Off {
+        return Ok(None);
+    }
+    let auth = Auth::open(engine, config.auth_limits.clone()).await?;
+    if let Some(path) = &config.bootstrap_token_file {
+        let secret = std::fs::read_to_string(path)
+            .map_err(|e| format!("--bootstrap-token-file {}: {e}", path.display()))?;
+        auth.bootstrap(&secret).await?;
+    }
+    if !auth.any_live_token() {
+        return Err("--auth required, but no token can authenticate: give the first admin token with --bootstrap-token-file".into());
+    }
+    Ok(Some(Arc::new(auth)))
+}
