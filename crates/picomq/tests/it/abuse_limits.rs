@@ -3,7 +3,7 @@
 //! limits per client IP and per token answer 429 with Retry-After; live readers are
 //! capped per stream and per token.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::{Duration, Instant};
 

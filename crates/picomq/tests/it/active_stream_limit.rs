@@ -2,7 +2,7 @@
 //! second give way to new ones before their dormancy timeout; streams still in use
 //! keep their place and the newcomer gets 429.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! readable exactly once, in order, at the offset it was acknowledged with, and no
 //! offset is ever reused.
 
-mod support;
+use picomq_testkit as support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,7 @@ fn position(offset: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_loses_no_acknowledged_append() {
     let dir = TempDir::new("durability");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     for s in 0..STREAMS {
         let r = server
             .client

@@ -1,7 +1,7 @@
 //! Credentials never reach the logs: bearer secrets (valid, unknown, malformed),
 //! issued secrets and signed read tokens in query strings, even at debug level.
 
-mod support;
+use picomq_testkit as support;
 
 use picomq_client::HttpMethod;
 use serde_json::{json, Value};
@@ -10,7 +10,12 @@ use support::*;
 #[tokio::test]
 async fn tokens_and_query_credentials_never_appear_in_logs() {
     let dir = TempDir::new("auth-logs");
-    let s = start_with_auth(dir.path(), &["--log", "debug", "--log-format", "json"]).await;
+    let s = start_with_auth_as(
+        dir.path(),
+        &["--log", "debug", "--log-format", "json"],
+        true,
+    )
+    .await;
     let admin = bearer(ADMIN_SECRET);
     let (_, issued) = issue_token(
         &s.client,

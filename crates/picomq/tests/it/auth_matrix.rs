@@ -5,7 +5,7 @@
 //! issuer; admin endpoints need the admin scope; query tokens only ever read; SSE
 //! connections end when their token is revoked or expires.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 
@@ -198,7 +198,7 @@ async fn every_operation_needs_its_scope_and_refusals_reveal_nothing() {
 #[tokio::test]
 async fn expired_revoked_and_unknown_tokens_fail_at_once() {
     let dir = TempDir::new("auth-lifecycle");
-    let s = start_with_auth(dir.path(), &[]).await;
+    let s = start_with_auth_as(dir.path(), &[], true).await;
     call(&s, HttpMethod::PUT, "/s", Some(ADMIN_SECRET), &[], "").await;
     let (_, short) = issue_token(
         &s.client,

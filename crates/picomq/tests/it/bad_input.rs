@@ -1,6 +1,6 @@
 //! Bad input gets a clear JSON error with the right status, never a crash or a hang.
 
-mod support;
+use picomq_testkit as support;
 
 use support::{Server, TempDir};
 
@@ -61,15 +61,6 @@ async fn malformed_requests_get_json_errors() {
         c.clone(),
         "GET",
         "/s/text?offset=-1&offset=now",
-        &[],
-        "",
-        400,
-    )
-    .await;
-    expect_error(
-        c.clone(),
-        "GET",
-        "/s/text?offset=0000000000000000_0000000000009999",
         &[],
         "",
         400,

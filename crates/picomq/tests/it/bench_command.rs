@@ -2,7 +2,7 @@
 //! readers see them, catch-up reads them back, and the JSON report carries the
 //! figures the comparison tables read. No timing is asserted.
 
-mod support;
+use picomq_testkit as support;
 
 use std::process::Command;
 
@@ -32,7 +32,7 @@ fn bench(args: &[&str]) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_append_run_reports_acked_records_and_costs() {
     let dir = TempDir::new("bench-append");
-    let server = Server::start(dir.path(), &[]).await;
+    let server = Server::start_process(dir.path(), &[]).await;
     let pid = server.pid().to_string();
     let url = format!("{}/v1/stream", server.url);
     let report = bench(&[

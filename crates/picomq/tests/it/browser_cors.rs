@@ -2,7 +2,7 @@
 //! browsers send no credentials with them), an unlisted origin is refused, and the
 //! protocol's response headers are exposed.
 
-mod support;
+use picomq_testkit as support;
 
 use picomq_client::HttpMethod;
 use support::*;

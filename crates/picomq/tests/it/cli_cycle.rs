@@ -3,7 +3,7 @@
 //! stream is closed, `ls` with a prefix and pagination, close, rm, and the exit
 //! codes a script relies on.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ const LINES: usize = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_append_read_tail_close_rm() {
     let dir = TempDir::new("cli-cycle");
-    let server = Server::start(dir.path(), &[]).await;
+    let server = Server::start_process(dir.path(), &[]).await;
     let cli = Cli::new(&server.url);
 
     let r = cli.run(&["create", "cycle/logs", "--output", "json"]).await;

@@ -2,7 +2,7 @@
 //! resuming from the last offset it printed: every record exactly once, in order.
 //! `picomq append` rides out the same restarts without writing a batch twice.
 
-mod support;
+use picomq_testkit as support;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_follow_survives_restarts_without_loss_or_repeats() {
     let dir = TempDir::new("cli-tail-restart");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     let cli = Cli::new(&server.url);
     assert_eq!(cli.run(&["create", "live"]).await.code, 0);
 

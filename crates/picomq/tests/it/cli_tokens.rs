@@ -2,7 +2,7 @@
 //! secret is printed once and works with exactly its scopes, listing never shows
 //! secrets, revocation takes effect at once, and failures map to the auth exit code.
 
-mod support;
+use picomq_testkit as support;
 
 use support::cli::Cli;
 use support::*;
@@ -68,6 +68,21 @@ async fn token_commands_issue_list_and_revoke() {
         .run(&[&["rm", "logs/app"][..], &mine[..]].concat())
         .await;
     assert_eq!(r.code, 5, "{r:?}");
+
+    // A scope written with the leading slash of a path means the same names.
+    let r = cli
+        .run(
+            &[
+                &["token", "create", "--scope", "read:/logs/*"][..],
+                &admin[..],
+            ]
+            .concat(),
+        )
+        .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let slashed = r.stdout.trim().to_string();
+    let r = cli.run(&["read", "/logs/app", "--token", &slashed]).await;
+    assert_eq!((r.code, r.stdout.as_str()), (0, "one\n"), "{r:?}");
 
     // Listing (text and JSON) shows ids and scopes, never secrets.
     let r = cli.run(&[&["token", "ls"][..], &admin[..]].concat()).await;

@@ -6,7 +6,7 @@
 //! Crash points between compaction's and GC's steps lose nothing and leak nothing:
 //! the orphan of a crash before the commit and every replaced WAL object go.
 
-mod support;
+use picomq_testkit as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -108,7 +108,7 @@ async fn compact(c: &Client) -> serde_json::Value {
 
 /// A node on `dir` that aborts when it reaches crash point `point`.
 async fn crashing_at(dir: &std::path::Path, point: &str) -> Server {
-    Server::start_env(dir, FLAGS, &[("PICOMQ_FAILPOINTS", point)]).await
+    Server::start_process_env(dir, FLAGS, &[("PICOMQ_FAILPOINTS", point)]).await
 }
 
 /// Keys of the objects under `prefix` in `server`'s store.
@@ -255,7 +255,7 @@ async fn compaction_keeps_every_record_and_cuts_objects_and_gets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     let dir = TempDir::new("compaction-crash");
-    let server = Server::start(dir.path(), FLAGS).await;
+    let server = Server::start_process(dir.path(), FLAGS).await;
     let c = server.client.clone();
     write_history(&c).await;
     let before = read_everything(&c).await;
@@ -267,7 +267,7 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
     // 150 WAL objects at 40 GETs per second: several seconds).
     let mut paced = FLAGS.to_vec();
     paced.extend(["--compaction-requests-per-sec", "40"]);
-    let mut killed = Server::start(dir.path(), &paced).await;
+    let mut killed = Server::start_process(dir.path(), &paced).await;
     let c = killed.client.clone();
     let pass = tokio::spawn(async move { c.post("/__picomq/compact?delay=0s", &[], "").await });
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -276,7 +276,7 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
         pass.await.unwrap().is_err(),
         "the pass finished before the kill"
     );
-    let server = Server::start(dir.path(), FLAGS).await;
+    let server = Server::start_process(dir.path(), FLAGS).await;
     assert_eq!(
         read_everything(&server.client).await,
         before,
@@ -322,7 +322,7 @@ async fn crashes_during_compaction_and_gc_lose_nothing_and_leak_nothing() {
 
     // 4. A healthy node: nothing readable is lost, compaction finishes, and GC
     // removes the orphan of crash 1 and every replaced WAL object.
-    let server = Server::start(dir.path(), FLAGS).await;
+    let server = Server::start_process(dir.path(), FLAGS).await;
     let c = server.client.clone();
     let mut now = read_everything(&c).await;
     let extra = now.get(&path(0)).unwrap().len() - before[&path(0)].len();

@@ -2,7 +2,7 @@
 //! store once a checkpoint covers them, even when the node crashed between the delete
 //! and the collection; live data, seals and the rebuild from the bucket are untouched.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ async fn append(c: &Client, path: &str, body: &str) {
 async fn deleted_streams_objects_are_collected_after_a_crash_live_data_and_seals_stay() {
     let dir = TempDir::new("gc");
     // First node: checkpoints, but no collection.
-    let mut first = Server::start(
+    let mut first = Server::start_process(
         dir.path(),
         &["--checkpoint-interval", "100ms", "--gc-interval", "0"],
     )
@@ -89,7 +89,7 @@ async fn deleted_streams_objects_are_collected_after_a_crash_live_data_and_seals
     assert!(data_before >= 8, "{data_before} WAL objects");
 
     // Second node on the same data: collects what the first left behind.
-    let mut second = Server::start(dir.path(), support::COLLECTING).await;
+    let mut second = Server::start_process(dir.path(), support::COLLECTING).await;
     let c = second.client.clone();
     // Two more writes, two more checkpoints: the oldest kept checkpoint (the floor)
     // moves past the first node's seal, which must survive collection anyway.
@@ -122,7 +122,7 @@ async fn deleted_streams_objects_are_collected_after_a_crash_live_data_and_seals
     // A node with an empty data directory rebuilds from the checkpoint and the WAL
     // that is left.
     let fresh = TempDir::new("gc-rebuild");
-    let third = Server::start(
+    let third = Server::start_process(
         fresh.path(),
         &["--store", &store, "--tail-cache-bytes", "0"],
     )

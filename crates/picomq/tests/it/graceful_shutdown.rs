@@ -3,7 +3,7 @@
 //! exits within `--shutdown-timeout`. Every append either succeeded (and is there
 //! after a restart) or got an error; none hangs.
 
-mod support;
+use picomq_testkit as support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,7 +30,7 @@ struct Writer {
 async fn sigterm_during_concurrent_appends_loses_no_acknowledged_append() {
     let dir = TempDir::new("graceful-appends");
     // A store as slow as S3, so appends are in flight when the signal lands.
-    let mut server = Server::start(dir.path(), &["--store-latency", "15ms"]).await;
+    let mut server = Server::start_process(dir.path(), &["--store-latency", "15ms"]).await;
     let text = [("content-type", "text/plain")];
     for w in 0..WRITERS {
         let r = server
@@ -184,7 +184,7 @@ async fn sigterm_during_concurrent_appends_loses_no_acknowledged_append() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_cannot_hold_shutdown_past_its_timeout() {
     let dir = TempDir::new("graceful-bound");
-    let mut server = Server::start(dir.path(), &["--shutdown-timeout", "2s"]).await;
+    let mut server = Server::start_process(dir.path(), &["--shutdown-timeout", "2s"]).await;
     let r = server
         .client
         .put("/stall", &[("content-type", "text/plain")], "")

@@ -1,6 +1,6 @@
 //! Group commit: appends to many streams arriving together share object-store writes.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 

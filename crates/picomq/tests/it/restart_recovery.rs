@@ -1,7 +1,7 @@
 //! A restart (graceful or SIGKILL) recovers streams, offsets, producer state, closed
 //! state, Stream-Seq, forks and deletes from the object store.
 
-mod support;
+use picomq_testkit as support;
 
 use support::{read_all, Server, TempDir};
 
@@ -166,7 +166,7 @@ async fn check_history(c: &support::Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_survives_sigkill() {
     let dir = TempDir::new("recovery-kill");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     write_history(&server.client).await;
     server.restart().await; // SIGKILL, then start on the same data directory
     check_history(&server.client).await;
@@ -178,7 +178,7 @@ async fn state_survives_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_database_is_rebuilt_from_the_bucket() {
     let dir = TempDir::new("recovery-rebuild");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     write_history(&server.client).await;
     server.kill9();
     for f in ["meta.sqlite", "meta.sqlite-wal", "meta.sqlite-shm"] {

@@ -2,7 +2,7 @@
 //! file (`--config`), which beats the built-in defaults; a bad value anywhere stops
 //! start-up with a message naming the option; `--help` shows every default.
 
-mod support;
+use picomq_testkit as support;
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

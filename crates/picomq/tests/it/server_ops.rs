@@ -2,7 +2,7 @@
 //! ids in responses and structured logs, the reserved listing endpoint, and
 //! HTTP/1.1 plus HTTP/2 (h2c) on one port.
 
-mod support;
+use picomq_testkit as support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use support::{eventually, free_port, metric, read_all, Server, TempDir};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_only_after_recovery() {
     let dir = TempDir::new("ops-ready");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     for i in 0..20 {
         let r = server
             .client
@@ -106,7 +106,7 @@ async fn ready_only_after_recovery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_in_responses_and_json_logs() {
     let dir = TempDir::new("ops-logs");
-    let server = Server::start(dir.path(), &["--log-format", "json"]).await;
+    let server = Server::start_process(dir.path(), &["--log-format", "json"]).await;
     let r = server
         .client
         .put(

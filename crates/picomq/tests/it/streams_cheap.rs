@@ -1,7 +1,7 @@
 //! Idle streams cost no memory: active streams leave memory after the dormancy
 //! timeout and come back on demand with all their state.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! in a new certificate on SIGHUP (keeping the old one if the new files are bad).
 //! curl is the client, checking the chain against the test's own certificate.
 
-mod support;
+use picomq_testkit as support;
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

@@ -4,7 +4,7 @@
 //! records; streams with `Stream-Retention` are trimmed by age in the background and
 //! keep taking appends; bad input gets 400/404 with a JSON body.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::Duration;
 
@@ -74,7 +74,7 @@ async fn check_trimmed(c: &Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trim_answers_410_below_the_start_and_survives_crash_and_rebuild() {
     let dir = TempDir::new("trim");
-    let mut server = Server::start(dir.path(), &[]).await;
+    let mut server = Server::start_process(dir.path(), &[]).await;
     let c = server.client.clone();
     assert_eq!(c.put("/t/s", TEXT, "").await.unwrap().status.as_u16(), 201);
     // One append at a time: on an idle WAL each lands in its own object.
@@ -139,7 +139,7 @@ async fn trim_answers_410_below_the_start_and_survives_crash_and_rebuild() {
 
     // An empty data directory against the same bucket, every read from the store.
     let fresh = TempDir::new("trim-rebuild");
-    let rebuilt = Server::start(
+    let rebuilt = Server::start_process(
         fresh.path(),
         &["--store", &store, "--tail-cache-bytes", "0"],
     )

@@ -1,7 +1,7 @@
 //! TTL and absolute expiry: reads and writes slide a TTL, an expired stream is gone
 //! for every operation (none of which hangs), and its path can be created again.
 
-mod support;
+use picomq_testkit as support;
 
 use std::time::{Duration, Instant};
 
@@ -122,7 +122,9 @@ async fn dormant_streams_expire_without_being_touched() {
     }
 }
 
-/// RFC 3339 (UTC, whole seconds) for about now + `d`.
+/// RFC 3339 (UTC, whole seconds) for about now + `d` (the server under test runs on
+/// the system clock).
+#[allow(clippy::disallowed_methods)]
 fn time_in(d: Duration) -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now() + d).to_string()
 }

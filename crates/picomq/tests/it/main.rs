@@ -1,0 +1,29 @@
+//! PicoMQ's integration tests, one module per capability, in one test binary (one
+//! link instead of one per file). Servers start in-process from `picomq serve`'s
+//! own flags unless a test needs a process (`kill -9`, signals, logs); shared helpers
+//! are `picomq-testkit`. `cargo test -p picomq --test it MODULE::` runs one module.
+
+mod abuse_limits;
+mod active_stream_limit;
+mod append_durability;
+mod auth_logs;
+mod auth_matrix;
+mod bad_input;
+mod bench_command;
+mod browser_cors;
+mod cli_cycle;
+mod cli_tail_restart;
+mod cli_tokens;
+mod compaction;
+mod gc;
+mod graceful_shutdown;
+mod group_commit;
+mod read_offsets;
+mod restart_recovery;
+mod s3_store;
+mod serve_config;
+mod server_ops;
+mod streams_cheap;
+mod tls_serving;
+mod trim_retention;
+mod ttl_expiry;
