@@ -4,7 +4,7 @@
 # (appends/s, ack p99) and a lone append at 5/s (ack p50), ROUNDS times each.
 # Output: results/ab.txt, one table, and every run's JSON in results/json/ab/.
 #
-#   benchmarks/ab.sh OLD_BIN NEW_BIN [ROUNDS]
+#   benchmarks/ab.sh OLD_BIN NEW_BIN [ROUNDS]        (NAME=ab-x: results/ab-x.txt)
 #
 # The load comes from NEW_BIN's `picomq bench` for both servers (the client is the
 # same; only the server differs).
@@ -12,8 +12,9 @@ source "$(dirname "$0")/lib.sh"
 A=${1:?usage: ab.sh OLD_BIN NEW_BIN [ROUNDS]}
 B=${2:?usage: ab.sh OLD_BIN NEW_BIN [ROUNDS]}
 ROUNDS=${3:-4}
-OUT="$RESULTS/ab.txt"
-JSON="$RESULTS/json/ab"
+NAME=${NAME:-ab}
+OUT="$RESULTS/$NAME.txt"
+JSON="$RESULTS/json/$NAME"
 mkdir -p "$JSON"
 cp "$A" "$WORK/picomq-a"
 cp "$B" "$WORK/picomq-b"
