@@ -81,12 +81,17 @@ pub struct EngineConfig {
     /// any more (below the oldest checkpoint); `None` = never. See `gc`.
     pub gc_interval: Option<Duration>,
     pub compaction: CompactionConfig,
+    pub pack: PackConfig,
     /// Cold reads: bytes of index rows fetched in one ranged GET when they sit next
     /// to each other in one object (compacted data), kept in the block cache for
     /// the reads that follow.
     pub readahead_bytes: usize,
     /// Memory for chunks fetched from the object store (LRU); 0 = no cache.
     pub block_cache_bytes: usize,
+    /// How long a catch-up read waits for the object store before it answers with
+    /// what is ready (a partial answer; what it asked for keeps coming into the
+    /// block cache for the next request).
+    pub read_budget: Duration,
     /// How often the age-retention pass trims streams that have a retention (see
     /// `stream::retention`); `None` = never.
     pub retention_interval: Option<Duration>,
@@ -134,6 +139,39 @@ impl Default for CompactionConfig {
         }
     }
 }
+/// The packer moves recent history out of the WAL from memory (see `packer`).
+#[derive(Clone, Debug)]
+pub struct PackConfig {
+    /// How often the packer looks whether a pack is due; `None`: never pack (recent
+    /// data stays in WAL objects until compaction).
+    pub interval: Option<Duration>,
+    /// Data stays only in the WAL at most about this long (an L0 pack takes it).
+    pub l0_delay: Duration,
+    /// ... or until this many WAL objects hold data not packed yet: what a restart
+    /// reads back to warm up.
+    pub l0_objects_max: usize,
+    /// A stream with this much buffered gets a piece of its own (L1).
+    pub piece_bytes: usize,
+    /// A stream's buffered data is written as one piece after this long, whatever
+    /// its size.
+    pub l1_delay: Duration,
+    /// Record bytes held for packing, at most; past it the oldest are let go.
+    pub buffer_bytes_max: usize,
+}
+
+impl Default for PackConfig {
+    fn default() -> Self {
+        PackConfig {
+            interval: Some(Duration::from_millis(200)),
+            l0_delay: Duration::from_secs(1),
+            l0_objects_max: 256,
+            piece_bytes: 1 << 20,
+            l1_delay: Duration::from_secs(60),
+            buffer_bytes_max: 64 << 20,
+        }
+    }
+}
+
 /// Largest per-stream age retention, in seconds (about 136 years; as for TTLs).
 pub const RETENTION_SECS_MAX: u64 = u32::MAX as u64;
 
@@ -177,8 +215,10 @@ impl Default for EngineConfig {
             checkpoint_interval: Some(Duration::from_secs(300)),
             gc_interval: Some(Duration::from_secs(600)),
             compaction: CompactionConfig::default(),
+            pack: PackConfig::default(),
             readahead_bytes: 8 << 20,
             block_cache_bytes: 256 << 20,
+            read_budget: Duration::from_millis(500),
             retention_interval: Some(Duration::from_secs(60)),
             cost: CostConfig::default(),
             clock: Clock::system(),

@@ -65,9 +65,13 @@ impl IndexerProgress {
     }
 }
 
+/// Told about every batch of objects once it is in the index (the packer).
+pub type OnApplied = Box<dyn Fn(&[FlushedObject]) + Send + Sync>;
+
 pub fn spawn(
     meta: Meta,
     mut rx: mpsc::Receiver<FlushedObject>,
+    on_applied: OnApplied,
 ) -> (JoinHandle<()>, IndexerProgress) {
     let (applied_tx, applied) = watch::channel(0u64);
     let failures = Arc::new(Counter::new(&FAILURES));
@@ -116,6 +120,7 @@ pub fn spawn(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
+            on_applied(&batch);
             for object in &batch {
                 for chunk in &object.chunks {
                     if let (Some(listener), Some((last_op, _))) =

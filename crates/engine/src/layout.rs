@@ -72,6 +72,11 @@ pub fn segment_key(epoch: u64, seq: u64, n: u64) -> String {
     format!("{SEGMENTS}/{epoch:010}/{seq:012}-{n:06}.seg")
 }
 
+/// The prefix of every compacted object written under `epoch`.
+pub fn segments_of(epoch: u64) -> String {
+    format!("{SEGMENTS}/{epoch:010}")
+}
+
 /// The WAL position `(epoch, seq)` in a key made by [`segment_key`].
 pub fn parse_segment_key(key: &str) -> Option<(u64, u64)> {
     let rest = key.strip_prefix(SEGMENTS)?.strip_prefix('/')?;

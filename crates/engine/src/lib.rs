@@ -34,7 +34,7 @@ pub mod units;
 pub mod wal;
 
 pub use clock::Clock;
-pub use config::{CompactionConfig, CostConfig, EngineConfig, WalConfig};
+pub use config::{CompactionConfig, CostConfig, EngineConfig, PackConfig, WalConfig};
 pub use domain::{ContentType, Invalid, ProducerId, StreamName};
 pub use error::{EngineError, Result};
 pub use meta::TokenRecord;

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use crate::background::checkpoint::Checkpointer;
 use crate::background::compaction::{Compactor, PassReport};
 use crate::background::gc::Collector;
+use crate::background::packer::{Packer, WarmFrom};
 use crate::background::{Every, Scheduler};
 use crate::config::EngineConfig;
 use crate::error::Result;
@@ -37,6 +38,7 @@ pub(crate) struct Node {
     pub(crate) checkpointer: Arc<Checkpointer>,
     pub(crate) collector: Arc<Collector>,
     pub(crate) compactor: Arc<Compactor>,
+    pub(crate) packer: Arc<Packer>,
     /// What recovery did at start: WAL objects replayed, checkpoint restored.
     pub(crate) recovered: (u64, bool),
 }
@@ -116,7 +118,6 @@ impl Engine {
         let named = meta.for_each_name(10_000, &mut |n| names.insert(n)).await?;
         tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
         let (index_tx, index_rx) = mpsc::channel(256);
-        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx);
         let wal = Wal::start(
             store.clone(),
             config.wal.clone(),
@@ -125,9 +126,6 @@ impl Engine {
             index_tx,
         );
         let scheduler = Scheduler::new(wal.health());
-        scheduler.keep(async move {
-            let _ = index_task.await;
-        });
         let system = Arc::new(SystemLog::new(wal.clone()));
         let compactor = Arc::new(Compactor::new(
             store.clone(),
@@ -137,6 +135,32 @@ impl Engine {
             scheduler.maintenance(),
             system.clone(),
         ));
+        let packer = Arc::new(Packer::new(
+            compactor.clone(),
+            store.clone(),
+            meta.clone(),
+            config.pack.clone(),
+        ));
+        // Where the last incarnation's recent history is (see `Packer::warm`): WAL
+        // objects from a little before what it wrote last, and its packs.
+        let warm_from = meta.watermark().await?.map(|w| {
+            let back = 2 * config.pack.l0_objects_max as u64;
+            WarmFrom {
+                wal: crate::layout::wal_key(w.epoch, w.next_seq.saturating_sub(back)),
+                packs: crate::layout::segments_of(w.epoch),
+            }
+        });
+        let on_applied: indexer::OnApplied = match config.pack.interval {
+            Some(_) => {
+                let packer = packer.clone();
+                Box::new(move |objects| packer.feed(objects))
+            }
+            None => Box::new(|_| {}),
+        };
+        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx, on_applied);
+        scheduler.keep(async move {
+            let _ = index_task.await;
+        });
         let checkpointer = Arc::new(Checkpointer::new(
             store.clone(),
             meta.clone(),
@@ -175,6 +199,7 @@ impl Engine {
             checkpointer,
             collector,
             compactor,
+            packer,
             recovered: (
                 recovered.objects_replayed,
                 recovered.restored_from.is_some(),
@@ -182,7 +207,27 @@ impl Engine {
         });
         let engine = Engine { service, node };
         engine.schedule_passes();
+        if let (Some(_), Some(from)) = (engine.service.inner.config.pack.interval, warm_from) {
+            engine.warm_up(from);
+        }
         Ok(engine)
+    }
+
+    /// Brings back, in the background, the recent history a restart left only in
+    /// the WAL (see `Packer::warm`).
+    fn warm_up(&self, from: WarmFrom) {
+        let (packer, service) = (self.node.packer.clone(), self.service.clone());
+        self.node.scheduler.keep(async move {
+            let started = std::time::Instant::now();
+            match packer.warm(service.inner.cold.cache(), &from).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    packer.pass().await;
+                    tracing::info!(objects = n, elapsed = ?started.elapsed(), "recent history brought back from the WAL and packed");
+                }
+                Err(e) => tracing::warn!(error = %e, "warming up recent history failed; reads fetch it as they come"),
+            }
+        });
     }
 
     /// Every periodic pass of the node, under its one scheduler.
@@ -243,6 +288,13 @@ impl Engine {
             sched.every(Every::writer("compaction", interval), move || {
                 let compactor = compactor.clone();
                 async move { compactor.scheduled_pass().await }
+            });
+        }
+        if let Some(interval) = config.pack.interval {
+            let packer = self.node.packer.clone();
+            sched.every(Every::writer("pack", interval), move || {
+                let packer = packer.clone();
+                async move { packer.pass().await }
             });
         }
         if let Some(interval) = config.retention_interval {
@@ -307,7 +359,8 @@ impl Engine {
         node.checkpointer.stats.export(out);
         node.collector.stats.export(out);
         node.compactor.stats().export(out);
-        inner.cold.cache.stats.export(out);
+        node.packer.stats.export(out);
+        inner.cold.cache().stats.export(out);
         out.value(&RECOVERY_REPLAYED, &[], node.recovered.0 as f64)
             .value(
                 &RECOVERY_CHECKPOINT,

@@ -368,6 +368,17 @@ impl Compactor {
 
     /// Writes one compacted object; returns the relocations that point at it.
     async fn write(&self, pieces: Vec<Piece>, report: &mut PassReport) -> Result<Vec<Op>> {
+        self.write_object(pieces, report, true).await
+    }
+
+    /// [`Compactor::write`], paced by compaction's budget or not (`paced`): the
+    /// packer writes from memory what the WAL just wrote, at the WAL's own pace.
+    pub(crate) async fn write_object(
+        &self,
+        pieces: Vec<Piece>,
+        report: &mut PassReport,
+        paced: bool,
+    ) -> Result<Vec<Op>> {
         let at = self.meta.watermark().await?.unwrap_or_default();
         let (epoch, seq) = if at.epoch == self.epoch {
             (at.epoch, at.next_seq)
@@ -392,7 +403,9 @@ impl Compactor {
         }
         let bytes = out.freeze();
         let len = bytes.len() as u64;
-        self.pace(len, 1).await;
+        if paced {
+            self.pace(len, 1).await;
+        }
         let opts = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -412,8 +425,17 @@ impl Compactor {
 
     /// Logs the relocations and waits until they are indexed (or this node stops
     /// writing: then they are replayed by whoever recovers the log, or never landed).
-    async fn commit(&self, relocations: Vec<Op>) -> Result<()> {
+    pub(crate) async fn commit(&self, relocations: Vec<Op>) -> Result<()> {
         self.system.commit(relocations).await
+    }
+
+    /// The lock a round holds from its write to its commit (see `gc`).
+    pub(crate) fn maintenance(&self) -> &Arc<tokio::sync::Mutex<()>> {
+        &self.maintenance
+    }
+
+    pub(crate) fn config(&self) -> &CompactionConfig {
+        &self.config
     }
 
     async fn pace(&self, bytes: u64, requests: u64) {
@@ -449,13 +471,13 @@ impl Compactor {
 }
 
 /// One chunk to write: a run of one stream's records.
-struct Piece {
-    stream_id: u64,
-    start: Offset,
-    end: Offset,
-    ops: Vec<Op>,
-    bytes: usize,
-    last_ts_ms: u64,
+pub(crate) struct Piece {
+    pub(crate) stream_id: u64,
+    pub(crate) start: Offset,
+    pub(crate) end: Offset,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) bytes: usize,
+    pub(crate) last_ts_ms: u64,
 }
 
 /// Cuts one stream's rows (offset order, with their chunk bytes) into pieces of at
@@ -517,7 +539,7 @@ fn pieces(stream_id: u64, rows: &[(IndexRow, Bytes)], max: usize) -> Result<Vec<
 /// Splits pieces into objects of about `max` bytes, in order. A remainder of a
 /// quarter of `max` or less joins the last object instead of making a small one
 /// (which the next pass would merge again), so objects reach at most 1.25 x `max`.
-fn split(pieces: Vec<Piece>, max: usize) -> Vec<Vec<Piece>> {
+pub(crate) fn split(pieces: Vec<Piece>, max: usize) -> Vec<Vec<Piece>> {
     let mut left: usize = pieces.iter().map(|p| p.bytes).sum();
     let mut objects: Vec<Vec<Piece>> = Vec::new();
     let mut size = 0;

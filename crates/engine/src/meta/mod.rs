@@ -130,6 +130,9 @@ pub trait MetaStore: Send + Sync + 'static {
     async fn chunks_from(&self, stream_id: u64, from: Offset, limit: u32) -> Result<Vec<ChunkRow>>;
     /// Index rows in WAL objects whose keys sort below `below`, oldest object first.
     async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>>;
+    /// Index rows in WAL objects whose keys sort at or after `from`, oldest object
+    /// first: the newest data still only in the WAL.
+    async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>>;
     /// Index rows in the objects `keys`, grouped by object.
     async fn rows_in_objects(&self, keys: &[String]) -> Result<Vec<IndexRow>>;
     /// Bytes the index points at, per object whose key starts with `prefix`.

@@ -1,18 +1,30 @@
 //! Cold reads: records that left a stream's tail cache, found through the object
 //! index and fetched with ranged GETs, through the block cache.
 //!
-//! A read looks up to [`COLD_ROWS`] index rows at once; one GET covers a *window* of
-//! rows lying next to each other in one object (compacted data is laid out that
-//! way), up to `readahead_bytes`, and up to [`READAHEAD_WINDOWS`] windows go out in
-//! parallel. Everything fetched goes into the block cache for the reads that follow.
+//! - A read looks up to [`COLD_ROWS`] index rows at once; one GET covers a *window*
+//!   of rows lying next to each other in one object (packs and segments are laid
+//!   out that way), up to `readahead_bytes`, and up to [`WINDOWS_IN_FLIGHT`]
+//!   windows go out in parallel. Everything fetched goes into the block cache.
+//! - Fetches run as tasks of their own and are shared: a second reader of a window
+//!   being fetched waits for the same GET, and a fetch a read stopped waiting for
+//!   still lands in the cache for the next one.
+//! - A read waits for the store at most until its deadline (`--read-budget`): past
+//!   it, it answers with what it has (a partial response; the client reads on from
+//!   its `Stream-Next-Offset`), even with nothing.
+//! - After a read, the windows that follow are fetched ahead (sequential readahead),
+//!   so a catch-up reader's next request finds them in the cache.
+//!
 //! Compaction may move a row and GC delete its old object between the index lookup
 //! and the GET: then the index is read again, once.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::time::Instant;
 
 use super::block_cache::BlockCache;
 use super::ReadChunk;
@@ -24,12 +36,12 @@ use crate::wal::format::{self, Op, RECORD_BATCH_START};
 
 /// Index rows one cold read looks up at once (readahead spans up to this many).
 const COLD_ROWS: u32 = 64;
-/// Ranged GETs one cold read issues in parallel, at most.
-const READAHEAD_WINDOWS: usize = 4;
+/// Windows one read fetches in parallel, at most.
+const WINDOWS_IN_FLIGHT: usize = 8;
 
 /// Counters of the store tier of reads.
 pub struct ColdStats {
-    /// Index rows' chunks fetched by ranged GETs, and their bytes.
+    /// Windows fetched by ranged GETs (one each), and their bytes.
     pub reads: Counter,
     pub read_bytes: Counter,
 }
@@ -52,12 +64,35 @@ pub struct Cold<'a> {
     pub start: &'a (dyn Fn() -> Offset + Sync),
 }
 
-pub struct ColdReader {
+/// The bytes of one window: `bytes` begin at byte `base` of its object.
+#[derive(Clone)]
+struct Window {
+    base: u64,
+    bytes: Bytes,
+}
+
+/// A fetch of one window, shared by every reader that wants it.
+type Fetch = Shared<BoxFuture<'static, std::result::Result<Window, Arc<object_store::Error>>>>;
+
+struct Inner {
     store: Arc<dyn ObjectStore>,
-    meta: Meta,
-    pub cache: BlockCache,
+    cache: BlockCache,
     readahead_bytes: u64,
-    pub stats: ColdStats,
+    stats: ColdStats,
+    /// Windows being fetched, by (object, first byte).
+    inflight: Mutex<HashMap<(String, u64), Fetch>>,
+}
+
+pub struct ColdReader {
+    meta: Meta,
+    inner: Arc<Inner>,
+}
+
+/// Why a chunk is not at hand.
+enum Miss {
+    /// The deadline passed first (the fetch goes on).
+    Late,
+    Store(Arc<object_store::Error>),
 }
 
 impl ColdReader {
@@ -68,22 +103,35 @@ impl ColdReader {
         readahead_bytes: usize,
     ) -> ColdReader {
         ColdReader {
-            store,
             meta,
-            cache: BlockCache::new(cache_bytes),
-            readahead_bytes: readahead_bytes as u64,
-            stats: ColdStats::default(),
+            inner: Arc::new(Inner {
+                store,
+                cache: BlockCache::new(cache_bytes),
+                readahead_bytes: readahead_bytes as u64,
+                stats: ColdStats::default(),
+                inflight: Mutex::default(),
+            }),
         }
     }
 
+    pub fn cache(&self) -> &BlockCache {
+        &self.inner.cache
+    }
+
+    pub fn stats(&self) -> &ColdStats {
+        &self.inner.stats
+    }
+
     /// Appends `[out.next, until)` of the stream's own records to `out`, about
-    /// `budget` bytes (at least one piece), ending where an append ends.
+    /// `budget` bytes (at least one piece), ending where an append ends; waits for the
+    /// store no later than `deadline` (then `out` has what was ready).
     pub async fn read(
         &self,
         stream: &Cold<'_>,
         out: &mut ReadChunk,
         until: Offset,
         budget: &mut usize,
+        deadline: Instant,
     ) -> Result<()> {
         let mut retried = false;
         'lookup: loop {
@@ -101,15 +149,26 @@ impl ColdReader {
             }
             for i in 0..rows.len() {
                 if out.next >= until || (*budget == 0 && !out.segments.is_empty()) {
+                    self.read_ahead(&rows[i..]);
                     return Ok(());
                 }
-                let bytes = match self.chunk_bytes(&rows, i, *budget).await {
+                let bytes = match self.chunk_bytes(&rows, i, deadline).await {
                     Ok(bytes) => bytes,
-                    Err(object_store::Error::NotFound { .. }) if !retried => {
-                        retried = true;
-                        continue 'lookup;
+                    Err(Miss::Late) => {
+                        out.partial = true;
+                        return Ok(());
                     }
-                    Err(e) => {
+                    // What was read before the failure is an answer of its own: the
+                    // client reads on from there (and meets the failure, if it lasts).
+                    Err(Miss::Store(_)) if !out.segments.is_empty() => {
+                        out.partial = true;
+                        return Ok(());
+                    }
+                    Err(Miss::Store(e)) => {
+                        if matches!(*e, object_store::Error::NotFound { .. }) && !retried {
+                            retried = true;
+                            continue 'lookup;
+                        }
                         // GC may delete a trimmed row's object under a reader.
                         trimmed_under(stream, out.next)?;
                         return Err(EngineError::Unavailable(format!(
@@ -119,6 +178,7 @@ impl ColdReader {
                     }
                 };
                 if !take_records(&rows[i], &bytes, out, until, budget)? {
+                    self.read_ahead(&rows[i..]);
                     return Ok(());
                 }
             }
@@ -126,80 +186,108 @@ impl ColdReader {
         }
     }
 
-    /// The bytes of `rows[i]`'s chunk: from the block cache, or fetched with the
-    /// chunks after it, in up to `READAHEAD_WINDOWS` windows as long as they are
-    /// needed for `budget` or are full windows of compacted data (a catch-up reader
-    /// wants them next).
+    /// The bytes of `rows[i]`'s chunk: from the block cache, or by waiting (until
+    /// `deadline`) for the window that holds it, after starting it and the windows
+    /// after it.
     async fn chunk_bytes(
         &self,
         rows: &[ChunkRow],
         i: usize,
-        budget: usize,
-    ) -> object_store::Result<Bytes> {
+        deadline: Instant,
+    ) -> std::result::Result<Bytes, Miss> {
         let row = &rows[i];
-        if let Some(bytes) = self.cache.get(&row.object_key, row.byte_range.start) {
+        if let Some(bytes) = self.inner.cache.get(&row.object_key, row.byte_range.start) {
             return Ok(bytes);
         }
-        // Without a cache, chunks beyond the one asked for would be thrown away.
-        let most = if self.cache.enabled() {
-            READAHEAD_WINDOWS
+        // Without a cache, windows beyond the one asked for would be thrown away.
+        let most = if self.inner.cache.enabled() {
+            WINDOWS_IN_FLIGHT
         } else {
             1
         };
-        let mut windows: Vec<std::ops::Range<usize>> = Vec::new();
-        let mut planned = 0u64;
-        let mut j = i;
-        while j < rows.len() && windows.len() < most {
-            if j > i
-                && self
-                    .cache
-                    .contains(&rows[j].object_key, rows[j].byte_range.start)
-            {
-                j += 1;
-                continue;
+        // The row's own window always starts here, even if another reader cached
+        // it meanwhile (then it is fetched again; rare).
+        let fetch = self.start_windows(&rows[i..], most).unwrap_or_else(|| {
+            self.fetch(&rows[i..window_end(rows, i, self.inner.readahead_bytes)])
+        });
+        match tokio::time::timeout_at(deadline, fetch).await {
+            Err(_) => Err(Miss::Late),
+            Ok(Err(e)) => Err(Miss::Store(e)),
+            Ok(Ok(w)) => {
+                let r = &row.byte_range;
+                Ok(w.bytes
+                    .slice((r.start - w.base) as usize..(r.end - w.base) as usize))
             }
-            let end = window_end(rows, j, self.readahead_bytes);
-            let bytes = rows[end - 1].byte_range.end - rows[j].byte_range.start;
-            let coalesced = end - j > 1;
-            if !windows.is_empty() && planned >= budget as u64 && !coalesced {
-                break;
+        }
+    }
+
+    /// Starts fetching up to `most` windows from `rows[0]` on that are neither cached
+    /// nor being fetched; returns the fetch of the first row's window.
+    fn start_windows(&self, rows: &[ChunkRow], most: usize) -> Option<Fetch> {
+        let mut first = None;
+        let mut started = 0;
+        let mut j = 0;
+        while j < rows.len() && started < most {
+            let end = window_end(rows, j, self.inner.readahead_bytes);
+            let cached = self
+                .inner
+                .cache
+                .contains(&rows[j].object_key, rows[j].byte_range.start);
+            if !cached {
+                let fetch = self.fetch(&rows[j..end]);
+                if j == 0 {
+                    first = Some(fetch);
+                }
+                started += 1;
             }
-            windows.push(j..end);
-            planned += bytes;
             j = end;
         }
-        let fetched =
-            futures::future::try_join_all(windows.into_iter().map(|w| self.fetch_window(&rows[w])))
-                .await?;
-        Ok(fetched.into_iter().next().expect("one window"))
+        first
     }
 
-    /// One ranged GET for adjacent chunks of one object; caches each chunk and
-    /// returns the first.
-    async fn fetch_window(&self, rows: &[ChunkRow]) -> object_store::Result<Bytes> {
-        let first = &rows[0];
-        let range = first.byte_range.start..rows[rows.len() - 1].byte_range.end;
-        let bytes = self
-            .store
-            .get_range(&Path::from(first.object_key.as_str()), range.clone())
-            .await?;
-        self.stats.reads.inc();
-        self.stats.read_bytes.add(bytes.len() as u64);
-        let slice = |r: &ChunkRow| {
-            bytes.slice(
-                (r.byte_range.start - range.start) as usize
-                    ..(r.byte_range.end - range.start) as usize,
-            )
-        };
-        for r in rows {
-            self.cache
-                .insert(&r.object_key, r.byte_range.start, slice(r));
+    /// After a read, the windows that follow it go into the cache for the reader's
+    /// next request (they are fetched by tasks of their own).
+    fn read_ahead(&self, rest: &[ChunkRow]) {
+        if self.inner.cache.enabled() && !rest.is_empty() {
+            let _ = self.start_windows(rest, WINDOWS_IN_FLIGHT / 2);
         }
-        Ok(slice(first))
     }
-}
 
-impl ColdReader {
+    /// The shared fetch of the window `rows` (adjacent chunks of one object): one
+    /// ranged GET, each chunk into the cache.
+    fn fetch(&self, rows: &[ChunkRow]) -> Fetch {
+        let key = (rows[0].object_key.clone(), rows[0].byte_range.start);
+        let mut inflight = self.inner.inflight.lock().expect("inflight lock");
+        if let Some(fetch) = inflight.get(&key) {
+            return fetch.clone();
+        }
+        let inner = self.inner.clone();
+        let rows: Vec<ChunkRow> = rows.to_vec();
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            let result = inner.fetch_window(&rows).await.map_err(Arc::new);
+            inner
+                .inflight
+                .lock()
+                .expect("inflight lock")
+                .remove(&task_key);
+            result
+        });
+        let fetch: Fetch = async move {
+            match task.await {
+                Ok(result) => result,
+                Err(e) => Err(Arc::new(object_store::Error::Generic {
+                    store: "cold read",
+                    source: Box::new(e),
+                })),
+            }
+        }
+        .boxed()
+        .shared();
+        inflight.insert(key, fetch.clone());
+        fetch
+    }
+
     /// Where the append holding the byte at `pos` starts, from the index row holding
     /// it (rows always begin on an append boundary).
     pub async fn append_start(&self, stream: &Cold<'_>, pos: Offset) -> Result<Offset> {
@@ -208,9 +296,11 @@ impl ColdReader {
             trimmed_under(stream, pos)?;
             return Ok(pos);
         };
-        let bytes = match self.chunk_bytes(&rows, 0, 0).await {
+        let no_deadline = Instant::now() + std::time::Duration::from_secs(3600);
+        let bytes = match self.chunk_bytes(&rows, 0, no_deadline).await {
             Ok(bytes) => bytes,
-            Err(e) => {
+            Err(Miss::Late) => return Ok(row.start),
+            Err(Miss::Store(e)) => {
                 trimmed_under(stream, pos)?;
                 return Err(EngineError::Unavailable(format!(
                     "object store read of {}: {e}",
@@ -235,6 +325,30 @@ impl ColdReader {
             }
         }
         Ok(begins)
+    }
+}
+
+impl Inner {
+    async fn fetch_window(&self, rows: &[ChunkRow]) -> object_store::Result<Window> {
+        let first = &rows[0];
+        let range = first.byte_range.start..rows[rows.len() - 1].byte_range.end;
+        let bytes = self
+            .store
+            .get_range(&Path::from(first.object_key.as_str()), range.clone())
+            .await?;
+        self.stats.reads.inc();
+        self.stats.read_bytes.add(bytes.len() as u64);
+        for r in rows {
+            let piece = bytes.slice(
+                (r.byte_range.start - range.start) as usize
+                    ..(r.byte_range.end - range.start) as usize,
+            );
+            self.cache.insert(&r.object_key, r.byte_range.start, piece);
+        }
+        Ok(Window {
+            base: range.start,
+            bytes,
+        })
     }
 }
 

@@ -32,6 +32,9 @@ pub struct ReadChunk {
     /// Closed, and the read reached the final offset.
     pub closed: bool,
     pub json: bool,
+    /// The store did not answer within the read's budget: this is what was ready
+    /// (maybe nothing), and the client reads on from `next`.
+    pub partial: bool,
 }
 
 impl ReadChunk {
@@ -44,6 +47,7 @@ impl ReadChunk {
             up_to_date: false,
             closed: false,
             json,
+            partial: false,
         }
     }
 

@@ -29,6 +29,10 @@ static WAITING_READS: Desc = Desc::gauge(
     "picomq_waiting_reads",
     "Live readers parked waiting for new data (long-polls and SSE connections between events).",
 );
+static READS_PARTIAL: Desc = Desc::counter(
+    "picomq_reads_partial_total",
+    "Catch-up reads answered with what was ready when the read budget ran out (the object store was slower).",
+);
 static ACTIVE_STREAMS: Desc =
     Desc::gauge("picomq_active_streams", "Streams currently held in memory.");
 static STREAMS: Desc = Desc::gauge(
@@ -52,6 +56,8 @@ pub struct ServiceCounters {
     pub read_bytes_memory: Counter,
     /// Reads parked on a stream's notifier right now (long-polls, SSE).
     pub waiting_reads: Gauge,
+    /// Reads cut short by the read budget.
+    pub reads_partial: Counter,
 }
 
 impl Default for ServiceCounters {
@@ -65,6 +71,7 @@ impl Default for ServiceCounters {
             reads_memory: Counter::labelled(&READS, &[("tier", "memory")]),
             read_bytes_memory: Counter::labelled(&READ_BYTES, &[("tier", "memory")]),
             waiting_reads: Gauge::new(&WAITING_READS),
+            reads_partial: Counter::new(&READS_PARTIAL),
         }
     }
 }
@@ -89,7 +96,7 @@ impl Service {
 
     /// Counters of reads served from the object store.
     pub fn cold_stats(&self) -> &crate::read::cold::ColdStats {
-        &self.inner.cold.stats
+        self.inner.cold.stats()
     }
 
     /// The stream service's families, with the store tier of reads next to the
@@ -97,8 +104,9 @@ impl Service {
     pub(crate) async fn export_service(&self, out: &mut Exposition) {
         let inner = &self.inner;
         inner.counters.export(out);
-        out.counter(&inner.cold.stats.reads)
-            .counter(&inner.cold.stats.read_bytes)
+        out.counter(&inner.cold.stats().reads)
+            .counter(&inner.cold.stats().read_bytes)
+            .counter(&inner.counters.reads_partial)
             .value(&ACTIVE_STREAMS, &[], inner.registry.len() as f64);
         if let Ok(n) = inner.meta.stream_count().await {
             out.value(&STREAMS, &[], n as f64);

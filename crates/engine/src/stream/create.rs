@@ -329,7 +329,7 @@ impl Service {
     ) -> Result<Offset> {
         let overshoot = || EngineError::from(Invalid::ForkSubOffsetPastAppend);
         let chunk = self
-            .read_view(source, anchor, source.view().tail, 16 << 20)
+            .read_view(source, anchor, source.view().tail, 16 << 20, None)
             .await?;
         if source.config.json {
             let mut pos = anchor;

@@ -110,7 +110,7 @@ impl Service {
         if json && before < view.tail && before > self.start_of(&stream.handle).await? {
             // The record holding the byte before `before` must end right at it.
             let last = self
-                .read_view(&stream.handle, Offset(before.0 - 1), view.tail, 1)
+                .read_view(&stream.handle, Offset(before.0 - 1), view.tail, 1, None)
                 .await?;
             if last.segments.first().map(Bytes::len) != Some(1) {
                 return Err(EngineError::bad_request(format!(

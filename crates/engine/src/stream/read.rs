@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::handle::{Lifecycle, StreamHandle};
 use super::{ListPage, ReadChunk, ReadStart, StreamInfo, StreamRef, WaitOutcome};
 use crate::domain::StreamName;
@@ -105,9 +107,15 @@ impl Service {
         let handle = &stream.handle;
         let view = handle.view();
         let from = from.min(view.tail);
-        let mut chunk = self.read_view(handle, from, view.tail, max_bytes).await?;
+        let deadline = Instant::now() + self.inner.config.read_budget;
+        let mut chunk = self
+            .read_view(handle, from, view.tail, max_bytes, Some(deadline))
+            .await?;
         chunk.up_to_date = chunk.next >= view.tail;
         chunk.closed = chunk.up_to_date && view.closed;
+        if chunk.partial {
+            self.inner.counters.reads_partial.inc();
+        }
         Ok(chunk)
     }
 
@@ -123,7 +131,9 @@ impl Service {
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<ReadChunk> {
         let chunk = self.read(stream, from, max_bytes).await?;
-        if !chunk.segments.is_empty() || chunk.closed {
+        // Only at the tail is there anything to wait for (a partial read has data
+        // still to fetch).
+        if !chunk.segments.is_empty() || chunk.closed || !chunk.up_to_date {
             return Ok(chunk);
         }
         let outcome = tokio::select! {
@@ -145,7 +155,11 @@ impl Service {
         from: Offset,
         until: Offset,
         max_bytes: usize,
+        deadline: Option<Instant>,
     ) -> Result<ReadChunk> {
+        // Without a deadline (the engine's own reads: fork points, trim checks) the
+        // read waits for the store as long as it takes.
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         let mut out = ReadChunk::empty(from, handle.config.json);
         let mut budget = max_bytes;
         // Walk the fork chain: each level serves [pos, min(its fork point, until)).
@@ -165,7 +179,8 @@ impl Service {
             if out.next >= cap || (budget == 0 && !out.segments.is_empty()) {
                 continue;
             }
-            self.read_own(&level, &mut out, cap, &mut budget).await?;
+            self.read_own(&level, &mut out, cap, &mut budget, deadline)
+                .await?;
             if out.next < cap {
                 break; // out of budget
             }
@@ -180,8 +195,9 @@ impl Service {
         out: &mut ReadChunk,
         until: Offset,
         budget: &mut usize,
+        deadline: Instant,
     ) -> Result<()> {
-        while out.next < until && (*budget > 0 || out.segments.is_empty()) {
+        while out.next < until && (*budget > 0 || out.segments.is_empty()) && !out.partial {
             if let Some(cached) = handle.read_cached(out.next, until, *budget) {
                 let n: usize = cached.segments.iter().map(|s| s.len()).sum();
                 let c = &self.inner.counters;
@@ -199,7 +215,10 @@ impl Service {
                 name: &handle.config.name,
                 start: &start,
             };
-            self.inner.cold.read(&cold, out, until, budget).await?;
+            self.inner
+                .cold
+                .read(&cold, out, until, budget, deadline)
+                .await?;
         }
         Ok(())
     }

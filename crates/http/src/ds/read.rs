@@ -126,7 +126,9 @@ pub async fn get(
     };
     let cursor = (live == Live::LongPoll)
         .then(|| next_cursor(app.engine.clock().now_ms() / 1000, params.cursor.as_deref()));
-    if live == Live::LongPoll && chunk.segments.is_empty() && !start.past_tail {
+    // Nothing came before the timeout (a partial answer, not at the tail, has data
+    // still to fetch and is a 200).
+    if live == Live::LongPoll && chunk.segments.is_empty() && chunk.up_to_date && !start.past_tail {
         let mut r = Response::builder()
             .status(StatusCode::NO_CONTENT)
             .header(STREAM_NEXT_OFFSET, offset_value(chunk.next))

@@ -262,6 +262,21 @@ impl MetaStore for SqliteMeta {
             .collect())
     }
 
+    async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= ? AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT ?")
+            .bind(from.max("wal/"))
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| IndexRow {
+                stream_id: r.get::<i64, _>(0) as u64,
+                chunk: chunk_row(r, 1),
+            })
+            .collect())
+    }
+
     /// Streams with an age retention after `after` (name order), at most `limit`:
     /// each one's name, current start, and where its expired prefix ends at `now_ms`
     /// (`None`: nothing expired). The prefix is the rows before the first one whose

@@ -1,0 +1,718 @@
+//! The packer: recent history moves out of the WAL within about a second, rewritten
+//! from memory (the bytes the node just wrote) into packed objects where each
+//! stream's records lie together, so reading the last minutes of a stream after a
+//! restart costs a few large GETs instead of one per WAL object it spans.
+//!
+//! Each WAL object holds one small chunk per stream (a stream written over N
+//! flushes spans N objects). The indexer hands the packer every object it applied;
+//! the packer keeps their appends in memory, by stream, and writes them out in two
+//! levels (design and costs in docs/compaction.md, "Recent history"):
+//! - **L0**: once the oldest run still only in the WAL is `l0_delay` old, or
+//!   `l0_objects_max` WAL objects hold runs not packed yet, one pack takes every
+//!   such run. This bounds what lives only in the WAL, and so what a restart must
+//!   read back (see [`Packer::warm`]).
+//! - **L1**: a stream whose buffered data reached `piece_bytes` gets one piece of
+//!   that size (its L0 runs and newer ones, rewritten together): pieces of a size
+//!   that reads want. A stream that stays smaller leaves memory after `l1_delay`
+//!   with its data in L0 pieces (compaction merges those later).
+//!
+//! Streams ready for L1 when an L0 pack is due go straight into it, so a busy
+//! stream is written once, not twice. Packs are compaction's objects (`seg/`) and
+//! go through the same commit: the object is written, then `Relocate` ops move the
+//! index onto it through the WAL, all under the maintenance lock (GC never sees a
+//! pack between its write and its commit). A piece covers whole index rows (whole
+//! WAL chunks or whole earlier pieces) and never a gap, so each relocation replaces
+//! whole rows on its own: a crash between two leaves a correct index, and one
+//! before the commit leaves an unreferenced object for GC. Data of a stream deleted
+//! or trimmed meanwhile is ignored by the relocation (see `meta`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::compaction::{split, Compactor, PassReport, Piece};
+use crate::config::PackConfig;
+use crate::error::{EngineError, Result};
+use crate::meta::{IndexRow, Meta};
+use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
+use crate::offset::Offset;
+use crate::read::block_cache::BlockCache;
+use crate::wal::format::{self, AppendOp, Op, SYSTEM_STREAM};
+use crate::wal::FlushedObject;
+
+/// Which level a buffered run has reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    /// Only in the WAL (whole chunks of WAL objects).
+    Wal,
+    /// In an L0 pack (one whole L0 piece).
+    L0,
+}
+
+/// A contiguous span of one stream's appends, all at one level.
+struct Run {
+    start: Offset,
+    end: Offset,
+    ops: Vec<Op>,
+    bytes: usize,
+    last_ts_ms: u64,
+    level: Level,
+    /// When its oldest data entered the buffer.
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Recent {
+    streams: BTreeMap<u64, Vec<Run>>,
+    bytes: usize,
+    /// WAL objects fed whose runs are not in a pack yet, and when the oldest came.
+    unpacked_objects: usize,
+    oldest_unpacked: Option<Instant>,
+}
+
+impl Recent {
+    /// A run into its stream's runs, kept in offset order (a restart's warm-up
+    /// feeds older runs while new ones come in).
+    fn add(&mut self, stream_id: u64, run: Run) {
+        self.bytes += run.bytes;
+        let runs = self.streams.entry(stream_id).or_default();
+        let at = runs.partition_point(|r| r.start < run.start);
+        if runs.get(at).is_some_and(|r| r.start == run.start) {
+            self.bytes -= run.bytes; // fed twice (warm-up and live): keep one
+            return;
+        }
+        runs.insert(at, run);
+    }
+
+    /// What is due now: an L1 piece for each stream with `piece_bytes` buffered or
+    /// with data older than `l1_delay`, and, when an L0 pack is due, every other run
+    /// still only in the WAL. `None`: nothing to write.
+    fn plan(&mut self, c: &PackConfig, max: usize, now: Instant) -> Option<Plan> {
+        let recent = self;
+        let l0_due = recent.unpacked_objects >= c.l0_objects_max
+            || recent
+                .oldest_unpacked
+                .is_some_and(|t| now.duration_since(t) >= c.l0_delay);
+        let mut plan = Plan {
+            pieces: Vec::new(),
+            done: Vec::new(),
+            l0_pieces: 0,
+            l1_pieces: 0,
+        };
+        for (&id, runs) in &recent.streams {
+            let bytes: usize = runs.iter().map(|r| r.bytes).sum();
+            let old = runs
+                .first()
+                .is_some_and(|r| now.duration_since(r.since) >= c.l1_delay);
+            // The leading runs that follow each other: whole rows, no gap.
+            let n = contiguous_prefix(runs);
+            let (take, last) = if bytes >= c.piece_bytes || old {
+                (&runs[..n], true)
+            } else if l0_due {
+                let first = runs.iter().position(|r| r.level == Level::Wal);
+                match first {
+                    Some(f) if f < n => (&runs[f..n], false),
+                    _ => continue,
+                }
+            } else {
+                continue;
+            };
+            let pieces = pieces_of(id, take, max);
+            let spans = pieces.iter().map(|p| (p.start, p.end)).collect();
+            if last {
+                plan.l1_pieces += pieces.len() as u64;
+            } else {
+                plan.l0_pieces += pieces.len() as u64;
+            }
+            plan.pieces.extend(pieces);
+            plan.done.push(Done {
+                stream_id: id,
+                spans,
+                last,
+            });
+        }
+        if l0_due {
+            recent.unpacked_objects = 0;
+            recent.oldest_unpacked = None;
+        }
+        (!plan.pieces.is_empty()).then_some(plan)
+    }
+
+    /// After a commit: the runs an L1 piece took leave memory; those each L0 piece
+    /// took become one L0 run (a whole row, for the L1 piece that follows).
+    fn settle(&mut self, done: &[Done]) {
+        let recent = self;
+        let mut freed = 0;
+        for d in done {
+            let Some(runs) = recent.streams.get_mut(&d.stream_id) else {
+                continue;
+            };
+            if d.last {
+                let end = d.spans.last().map_or(Offset::ZERO, |s| s.1);
+                let n = runs.iter().take_while(|r| r.end <= end).count();
+                freed += runs.drain(..n).map(|r| r.bytes).sum::<usize>();
+            } else {
+                for &(start, end) in &d.spans {
+                    let Some(first) = runs.iter().position(|r| r.start == start) else {
+                        continue;
+                    };
+                    let n = runs[first..].iter().take_while(|r| r.end <= end).count();
+                    let merged: Vec<Run> = runs.drain(first..first + n).collect();
+                    if !merged.is_empty() {
+                        runs.insert(first, merge(merged, Level::L0));
+                    }
+                }
+            }
+            if runs.is_empty() {
+                recent.streams.remove(&d.stream_id);
+            }
+        }
+        recent.bytes -= freed;
+    }
+}
+
+static PACKS: Desc = Desc::counter(
+    "picomq_pack_objects_written_total",
+    "Packs written from memory (recent history moved out of the WAL).",
+);
+static PACK_BYTES: Desc = Desc::counter(
+    "picomq_pack_bytes_written_total",
+    "Bytes of packs written from memory.",
+);
+static PIECES: Desc = Desc::counter(
+    "picomq_pack_pieces_total",
+    "Stream pieces written into packs, by level (l0: what was only in the WAL; l1: a stream's pieces of full size).",
+);
+static FAILURES: Desc = Desc::counter(
+    "picomq_pack_failures_total",
+    "Pack writes or commits that failed (the data stays where it was; retried).",
+);
+static BUFFERED: Desc = Desc::gauge(
+    "picomq_pack_buffered_bytes",
+    "Recent record bytes held in memory for packing.",
+);
+static DROPPED: Desc = Desc::counter(
+    "picomq_pack_dropped_bytes_total",
+    "Record bytes let go unpacked because the packer's buffer was full (left to compaction).",
+);
+
+pub struct PackStats {
+    pub packs: Counter,
+    pub bytes: Counter,
+    pub pieces_l0: Counter,
+    pub pieces_l1: Counter,
+    pub failures: Counter,
+    pub buffered: Gauge,
+    pub dropped: Counter,
+}
+
+impl Default for PackStats {
+    fn default() -> Self {
+        PackStats {
+            packs: Counter::new(&PACKS),
+            bytes: Counter::new(&PACK_BYTES),
+            pieces_l0: Counter::labelled(&PIECES, &[("level", "l0")]),
+            pieces_l1: Counter::labelled(&PIECES, &[("level", "l1")]),
+            failures: Counter::new(&FAILURES),
+            buffered: Gauge::new(&BUFFERED),
+            dropped: Counter::new(&DROPPED),
+        }
+    }
+}
+
+impl Source for PackStats {
+    fn export(&self, out: &mut Exposition) {
+        out.counter(&self.packs)
+            .counter(&self.bytes)
+            .counter(&self.pieces_l0)
+            .counter(&self.pieces_l1)
+            .counter(&self.failures)
+            .gauge(&self.buffered)
+            .counter(&self.dropped);
+    }
+}
+
+pub struct Packer {
+    compactor: Arc<Compactor>,
+    store: Arc<dyn ObjectStore>,
+    meta: Meta,
+    config: PackConfig,
+    recent: Mutex<Recent>,
+    /// One pass at a time (the scheduled one and the warm-up's).
+    passing: tokio::sync::Mutex<()>,
+    pub stats: PackStats,
+}
+
+/// What one pass writes, and what becomes of the runs it took.
+struct Plan {
+    pieces: Vec<Piece>,
+    done: Vec<Done>,
+    l0_pieces: u64,
+    l1_pieces: u64,
+}
+
+/// One stream's share of a pass: the spans of its pieces, and whether they are
+/// final (L1: the runs leave memory) or L0 (each span becomes one L0 run).
+struct Done {
+    stream_id: u64,
+    spans: Vec<(Offset, Offset)>,
+    last: bool,
+}
+
+impl Packer {
+    pub fn new(
+        compactor: Arc<Compactor>,
+        store: Arc<dyn ObjectStore>,
+        meta: Meta,
+        config: PackConfig,
+    ) -> Packer {
+        Packer {
+            compactor,
+            store,
+            meta,
+            config,
+            recent: Mutex::default(),
+            passing: tokio::sync::Mutex::new(()),
+            stats: PackStats::default(),
+        }
+    }
+
+    /// Takes the appends of objects just applied to the index (the indexer calls
+    /// this in log order).
+    pub fn feed(&self, objects: &[FlushedObject]) {
+        let now = Instant::now();
+        let mut recent = self.recent.lock().expect("packer lock");
+        for object in objects {
+            let mut any = false;
+            for chunk in &object.chunks {
+                if chunk.stream_id == SYSTEM_STREAM {
+                    continue;
+                }
+                if let Some(run) = run_of(chunk.ops.iter().map(|(_, op)| op), now) {
+                    any = true;
+                    recent.add(chunk.stream_id, run);
+                }
+            }
+            if any {
+                recent.unpacked_objects = recent.unpacked_objects.saturating_add(1);
+                recent.oldest_unpacked.get_or_insert(now);
+            }
+        }
+        self.shed(&mut recent);
+        self.stats.buffered.set(recent.bytes as u64);
+    }
+
+    /// Past the buffer's bound, the oldest runs leave memory unpacked: their data
+    /// stays where it is (WAL or L0) for compaction.
+    fn shed(&self, recent: &mut Recent) {
+        while recent.bytes > self.config.buffer_bytes_max {
+            let oldest = recent
+                .streams
+                .iter()
+                .filter_map(|(id, runs)| runs.first().map(|r| (r.since, *id)))
+                .min();
+            let Some((_, id)) = oldest else { break };
+            let runs = recent.streams.get_mut(&id).expect("stream present");
+            let run = runs.remove(0);
+            if runs.is_empty() {
+                recent.streams.remove(&id);
+            }
+            recent.bytes -= run.bytes;
+            self.stats.dropped.add(run.bytes as u64);
+        }
+    }
+
+    /// One pass (the scheduler runs it every `interval`): writes a pack if one is
+    /// due.
+    pub async fn pass(&self) {
+        let _one = self.passing.lock().await;
+        let chunk_max = self.compactor.config().chunk_bytes_max;
+        let planned = {
+            let mut recent = self.recent.lock().expect("packer lock");
+            recent.plan(&self.config, chunk_max, Instant::now())
+        };
+        let Some(plan) = planned else {
+            return;
+        };
+        self.stats.pieces_l0.add(plan.l0_pieces);
+        self.stats.pieces_l1.add(plan.l1_pieces);
+        match self.write(plan.pieces).await {
+            Ok(()) => {
+                let mut recent = self.recent.lock().expect("packer lock");
+                recent.settle(&plan.done);
+                self.stats.buffered.set(recent.bytes as u64);
+            }
+            Err(e) => {
+                self.stats.failures.inc();
+                tracing::warn!(error = %e, "writing a pack failed; the data stays where it is");
+            }
+        }
+    }
+
+    /// Writes the pieces as packs and commits their relocations, under the
+    /// maintenance lock.
+    async fn write(&self, pieces: Vec<Piece>) -> Result<()> {
+        let _maintenance = self.compactor.maintenance().lock().await;
+        let mut report = PassReport::default();
+        let mut relocations = Vec::new();
+        let max = self.compactor.config().object_bytes_max;
+        for object in split(pieces, max) {
+            relocations.extend(
+                self.compactor
+                    .write_object(object, &mut report, false)
+                    .await?,
+            );
+        }
+        crate::failpoint::hit("pack-after-write");
+        self.compactor.commit(relocations).await?;
+        self.stats.packs.add(report.objects_written);
+        self.stats.bytes.add(report.bytes_written);
+        Ok(())
+    }
+}
+
+/// One chunk's appends as a run (`None` without records).
+fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
+    let mut run: Option<Run> = None;
+    for op in ops {
+        let Op::Append(a) = op else { continue };
+        if a.records.is_empty() {
+            continue;
+        }
+        let bytes: usize = a.records.iter().map(|r| r.data.len()).sum();
+        let last_ts_ms = a.records.last().map_or(0, |r| r.ts_ms);
+        let op = Op::Append(AppendOp {
+            start: a.start,
+            records: a.records.clone(),
+            close: false,
+            producer: None,
+            stream_seq: None,
+        });
+        match &mut run {
+            Some(r) => {
+                r.end = a.end();
+                r.bytes += bytes;
+                r.last_ts_ms = r.last_ts_ms.max(last_ts_ms);
+                r.ops.push(op);
+            }
+            None => {
+                run = Some(Run {
+                    start: a.start,
+                    end: a.end(),
+                    ops: vec![op],
+                    bytes,
+                    last_ts_ms,
+                    level: Level::Wal,
+                    since: now,
+                })
+            }
+        }
+    }
+    run
+}
+
+/// How many leading runs follow each other without a gap.
+fn contiguous_prefix(runs: &[Run]) -> usize {
+    runs.windows(2)
+        .position(|w| w[0].end != w[1].start)
+        .map_or(runs.len(), |i| i + 1)
+}
+
+fn merge(runs: Vec<Run>, level: Level) -> Run {
+    let mut iter = runs.into_iter();
+    let mut first = iter.next().expect("at least one run");
+    for r in iter {
+        first.end = r.end;
+        first.bytes += r.bytes;
+        first.last_ts_ms = first.last_ts_ms.max(r.last_ts_ms);
+        first.ops.extend(r.ops);
+    }
+    first.level = level;
+    first
+}
+
+/// Contiguous runs cut into pieces (index rows) of at most `max` bytes, at run
+/// boundaries only (a run is a whole row: a WAL chunk, or an earlier piece; a
+/// single bigger one stays whole).
+fn pieces_of(stream_id: u64, runs: &[Run], max: usize) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::new();
+    for run in runs {
+        match out.last_mut() {
+            Some(p) if p.end == run.start && p.bytes + run.bytes <= max => {
+                p.end = run.end;
+                p.bytes += run.bytes;
+                p.last_ts_ms = p.last_ts_ms.max(run.last_ts_ms);
+                p.ops.extend(run.ops.iter().cloned());
+            }
+            _ => out.push(Piece {
+                stream_id,
+                start: run.start,
+                end: run.end,
+                ops: run.ops.clone(),
+                bytes: run.bytes,
+                last_ts_ms: run.last_ts_ms,
+            }),
+        }
+    }
+    out
+}
+
+/// Where a restart's warm-up looks for recent history.
+pub struct WarmFrom {
+    /// WAL objects from this key on (those near the end of the log).
+    pub wal: String,
+    /// Packs of the last incarnation: under this prefix, the newest ones.
+    pub packs: String,
+}
+
+impl Packer {
+    /// After a restart, in the background (readiness does not wait for it): the
+    /// recent history of the last incarnation, what it had not packed yet (WAL
+    /// objects near the end of the log, at most about `2 x l0_objects_max`) and its
+    /// newest packs (up to [`WARM_PACKS_MAX`]), is read back, one ranged GET per
+    /// object, a few at a time, into the block cache (the first readers find it
+    /// there) and into the packer's buffer (WAL data is packed at once, and recent
+    /// L0 pieces are rewritten into L1 pieces as if the node had not stopped).
+    /// Returns the objects read.
+    pub async fn warm(&self, cache: &BlockCache, from: &WarmFrom) -> Result<usize> {
+        use futures::{StreamExt, TryStreamExt};
+        const AT_ONCE: usize = 8;
+        let mut objects = group_by_object(
+            self.meta.rows_in_wal_from(&from.wal, WARM_ROWS_MAX).await?,
+            Level::Wal,
+        );
+        let mut packs: Vec<String> = self
+            .store
+            .list(Some(&Path::from(from.packs.as_str())))
+            .map_ok(|o| o.location.to_string())
+            .try_collect()
+            .await?;
+        packs.sort_unstable();
+        let newest = &packs[packs.len().saturating_sub(WARM_PACKS_MAX)..];
+        if !newest.is_empty() {
+            let rows = self.meta.rows_in_objects(newest).await?;
+            objects.extend(group_by_object(rows, Level::L0));
+        }
+        let n = objects.len();
+        let budget = self.config.buffer_bytes_max / 2;
+        let fetched = futures::stream::iter(objects)
+            .map(|(key, rows, level)| async move {
+                let range = rows[0].chunk.byte_range.start
+                    ..rows
+                        .iter()
+                        .map(|r| r.chunk.byte_range.end)
+                        .max()
+                        .unwrap_or(0);
+                let path = Path::from(key.as_str());
+                let mut got = self.store.get_range(&path, range.clone()).await;
+                for _ in 1..WARM_TRIES {
+                    if got.is_ok() {
+                        break;
+                    }
+                    got = self.store.get_range(&path, range.clone()).await;
+                }
+                (key, rows, level, range.start, got)
+            })
+            .buffered(AT_ONCE);
+        futures::pin_mut!(fetched);
+        let now = Instant::now();
+        let mut warmed = 0;
+        while let Some((key, rows, level, base, got)) = fetched.next().await {
+            // An object that cannot be read now is left to the readers: the warm-up
+            // only saves them the wait.
+            let bytes = match got {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::debug!(key, error = %e, "warm-up skipped an object");
+                    continue;
+                }
+            };
+            let mut recent = self.recent.lock().expect("packer lock");
+            for row in rows {
+                let r = &row.chunk.byte_range;
+                let chunk = bytes.slice((r.start - base) as usize..(r.end - base) as usize);
+                let (_, ops) = format::decode_chunk(&chunk)
+                    .map_err(|e| EngineError::Internal(format!("{key}: {e}")))?;
+                if let Some(mut run) = run_of(ops.iter(), now) {
+                    run.level = level;
+                    warmed += run.bytes;
+                    recent.add(row.stream_id, run);
+                }
+                cache.insert(&key, r.start, chunk);
+            }
+            if level == Level::Wal {
+                recent.unpacked_objects = recent.unpacked_objects.saturating_add(1);
+                recent.oldest_unpacked.get_or_insert(now);
+            }
+            self.shed(&mut recent);
+            self.stats.buffered.set(recent.bytes as u64);
+            if warmed >= budget {
+                break;
+            }
+        }
+        // Due at once: this is the data a crash left only in the WAL.
+        self.recent.lock().expect("packer lock").unpacked_objects = usize::MAX;
+        Ok(n)
+    }
+}
+
+/// Index rows grouped by object (rows come grouped), each group with its level.
+fn group_by_object(rows: Vec<IndexRow>, level: Level) -> Vec<(String, Vec<IndexRow>, Level)> {
+    let mut objects: Vec<(String, Vec<IndexRow>, Level)> = Vec::new();
+    for row in rows {
+        match objects.last_mut() {
+            Some((key, rows, _)) if *key == row.chunk.object_key => rows.push(row),
+            _ => objects.push((row.chunk.object_key.clone(), vec![row], level)),
+        }
+    }
+    objects
+}
+
+/// Attempts the warm-up makes at each object before it leaves it to the readers.
+const WARM_TRIES: usize = 3;
+
+/// Packs the warm-up reads back, at most: about a minute's worth (`l1_delay`) of a
+/// busy node's L0 packs.
+const WARM_PACKS_MAX: usize = 128;
+
+/// Index rows the warm-up reads, at most (about `l0_objects_max` objects of them).
+const WARM_ROWS_MAX: u32 = 200_000;
+
+impl std::fmt::Debug for Packer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::wal::format::{Record, RECORD_BATCH_START};
+
+    fn append(start: u64, len: usize) -> Op {
+        Op::Append(AppendOp {
+            start: Offset(start),
+            records: vec![Record {
+                ts_ms: start,
+                flags: RECORD_BATCH_START,
+                data: Bytes::from(vec![b'x'; len]),
+            }],
+            close: false,
+            producer: None,
+            stream_seq: None,
+        })
+    }
+
+    fn recent_with(chunks: &[(u64, u64, usize)], at: Instant) -> Recent {
+        let mut recent = Recent::default();
+        for &(id, start, len) in chunks {
+            let run = run_of([append(start, len)].iter(), at).unwrap();
+            recent.add(id, run);
+            recent.unpacked_objects += 1;
+            recent.oldest_unpacked.get_or_insert(at);
+        }
+        recent
+    }
+
+    fn config() -> PackConfig {
+        PackConfig {
+            l0_objects_max: 1_000,
+            piece_bytes: 100,
+            ..PackConfig::default()
+        }
+    }
+
+    fn spans(plan: &Plan, id: u64) -> Vec<(u64, u64)> {
+        plan.pieces
+            .iter()
+            .filter(|p| p.stream_id == id)
+            .map(|p| (p.start.0, p.end.0))
+            .collect()
+    }
+
+    #[test]
+    fn nothing_is_due_before_its_time() {
+        let now = Instant::now();
+        let mut recent = recent_with(&[(1, 0, 10), (1, 10, 10)], now);
+        assert!(recent.plan(&config(), 1 << 20, now).is_none());
+    }
+
+    #[test]
+    fn an_l0_pack_takes_what_is_only_in_the_wal_and_keeps_it_for_l1() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        let mut recent = recent_with(&[(1, 0, 10), (1, 10, 10), (2, 0, 5)], then);
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 20)]);
+        assert_eq!(spans(&plan, 2), [(0, 5)]);
+        assert_eq!((plan.l0_pieces, plan.l1_pieces), (2, 0));
+        recent.settle(&plan.done);
+        // One L0 run per piece, still in memory; nothing unpacked now.
+        let runs = &recent.streams[&1];
+        assert_eq!(runs.len(), 1);
+        assert_eq!(
+            (runs[0].start.0, runs[0].end.0, runs[0].level),
+            (0, 20, Level::L0)
+        );
+        assert_eq!(recent.bytes, 25);
+        assert!(recent.plan(&config(), 1 << 20, now).is_none());
+    }
+
+    #[test]
+    fn a_stream_of_piece_size_gets_one_piece_and_leaves_memory() {
+        let now = Instant::now();
+        let mut recent = recent_with(&[(1, 0, 60), (1, 60, 60), (2, 0, 5)], now);
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 120)]);
+        assert!(spans(&plan, 2).is_empty(), "not due: small and young");
+        assert_eq!(plan.l1_pieces, 1);
+        recent.settle(&plan.done);
+        assert!(!recent.streams.contains_key(&1));
+        assert_eq!(recent.bytes, 5);
+    }
+
+    #[test]
+    fn pieces_never_span_a_gap_and_are_cut_at_rows() {
+        let now = Instant::now();
+        // 0..60 and 60..120 follow each other; 200.. does not.
+        let mut recent = recent_with(&[(1, 0, 60), (1, 60, 60), (1, 200, 60)], now);
+        let plan = recent.plan(&config(), 100, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 60), (60, 120)]);
+        recent.settle(&plan.done);
+        let left: Vec<u64> = recent.streams[&1].iter().map(|r| r.start.0).collect();
+        assert_eq!(left, [200]);
+    }
+
+    #[test]
+    fn small_streams_are_written_whole_after_l1_delay() {
+        let then = Instant::now();
+        let c = config();
+        let mut recent = recent_with(&[(1, 0, 5), (1, 5, 5)], then);
+        let plan = recent
+            .plan(&c, 1 << 20, then + Duration::from_secs(2))
+            .unwrap();
+        recent.settle(&plan.done);
+        recent
+            .streams
+            .get_mut(&1)
+            .unwrap()
+            .push(run_of([append(10, 5)].iter(), then + Duration::from_secs(3)).unwrap());
+        recent.bytes += 5;
+        let later = then + c.l1_delay + Duration::from_secs(1);
+        let plan = recent.plan(&c, 1 << 20, later).unwrap();
+        // The L0 piece and the newer run, rewritten as one.
+        assert_eq!(spans(&plan, 1), [(0, 15)]);
+        assert_eq!(plan.l1_pieces, 1);
+        recent.settle(&plan.done);
+        assert!(recent.streams.is_empty() && recent.bytes == 0);
+    }
+}
