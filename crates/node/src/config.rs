@@ -39,6 +39,8 @@ pub struct Config {
     pub meta: Option<String>,
     /// Testing and benchmarks: latency added to every object-store request.
     pub store_latency: Option<Duration>,
+    /// Testing: the share of object-store requests that fail (transiently).
+    pub store_error_rate: Option<f64>,
     /// Compaction's object-store request budget; `None`: the engine's default on a
     /// bucket, unlimited when every store is local (their requests cost nothing).
     pub compaction_requests_per_sec: Option<f64>,
@@ -71,6 +73,7 @@ impl Default for Config {
             wal_store: None,
             meta: None,
             store_latency: None,
+            store_error_rate: None,
             compaction_requests_per_sec: None,
             engine: EngineConfig::default(),
             http: HttpConfig::default(),
@@ -138,11 +141,20 @@ impl Config {
                 return Err("--max-writes-per-sec must be a positive number".into());
             }
         }
+        if self
+            .store_error_rate
+            .is_some_and(|r| !(0.0..1.0).contains(&r))
+        {
+            return Err("--store-error-rate must be at least 0 and below 1".into());
+        }
         if e.wal.overlap_after.is_some_and(|d| d.is_zero()) {
             return Err("--wal-overlap-after must be greater than 0".into());
         }
         if self.auth_limits.streams_per_namespace_max == Some(0) {
             return Err("--max-streams-per-namespace must be greater than 0".into());
+        }
+        if self.engine.read_budget < Duration::from_millis(10) {
+            return Err("--read-budget must be at least 10ms".into());
         }
         for (name, d) in [
             ("header-read-timeout", self.server.header_read_timeout),

@@ -67,18 +67,23 @@ impl Node {
         };
         let store_url = config.store_url()?;
         let meta_url = config.meta_url()?;
+        let faults = storage::Faults {
+            latency: config.store_latency,
+            error_rate: config.store_error_rate,
+        };
         let opened = storage::open(
             &store_url,
             config.wal_store.as_deref(),
             config.engine.cost,
-            config.store_latency,
+            faults,
         )?;
         let cleaned = std::iter::once(store_url.clone()).chain(config.wal_store.clone());
         storage::clean_abandoned_uploads(cleaned.collect());
-        if let Some(latency) = config.store_latency {
+        if config.store_latency.is_some() || config.store_error_rate.is_some() {
             tracing::warn!(
-                ?latency,
-                "object-store latency injection is on (--store-latency)"
+                latency = ?config.store_latency,
+                error_rate = ?config.store_error_rate,
+                "object-store fault injection is on (--store-latency, --store-error-rate)"
             );
         }
         let meta = Meta::open(&meta_url)
@@ -208,9 +213,9 @@ impl Started {
             state,
         } = self;
         let engine_config = config.engine_config()?;
-        let open = Engine::open_instrumented(engine_config, opened.store, opened.stats, meta);
+        let open = recover(engine_config, opened, meta);
         let engine = tokio::select! {
-            r = open => r.map_err(|e| format!("recovery failed: {e}"))?,
+            r = open => r?,
             _ = &mut *stop => {
                 tracing::info!("stopped during recovery");
                 return Ok(());
@@ -276,6 +281,41 @@ impl Started {
         stop_gracefully(&engine, trigger, server, config.shutdown_timeout).await
     }
 }
+
+/// Opens the engine, trying again while the object store fails transiently
+/// (recovery is idempotent: a failed attempt leaves nothing half done that the next
+/// one does not redo), for up to [`RECOVERY_RETRY_FOR`].
+async fn recover(
+    config: picomq_engine::EngineConfig,
+    opened: storage::OpenedStore,
+    meta: Meta,
+) -> Result<Engine, String> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = Engine::open_instrumented(
+            config.clone(),
+            opened.store.clone(),
+            opened.stats.clone(),
+            meta.clone(),
+        )
+        .await;
+        match attempt {
+            Ok(engine) => return Ok(engine),
+            Err(picomq_engine::EngineError::Unavailable(e))
+                if started.elapsed() < RECOVERY_RETRY_FOR =>
+            {
+                tracing::warn!(error = %e, ?backoff, "recovery could not reach the object store; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(format!("recovery failed: {e}")),
+        }
+    }
+}
+
+/// How long start-up keeps trying an object store that fails.
+const RECOVERY_RETRY_FOR: Duration = Duration::from_secs(120);
 
 /// The drain, then the WAL flush, each within its share of `timeout`.
 async fn stop_gracefully(

@@ -9,6 +9,13 @@ use std::time::Duration;
 use picomq_engine::store::{self, fault::FaultyStore, instrumented, routed::RoutedStore};
 use picomq_engine::CostConfig;
 
+/// Faults injected below the instrumentation (testing and benchmarks).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    pub latency: Option<Duration>,
+    pub error_rate: Option<f64>,
+}
+
 pub struct OpenedStore {
     pub store: Arc<dyn store::ObjectStore>,
     pub stats: Vec<Arc<instrumented::StoreStats>>,
@@ -18,13 +25,18 @@ pub fn open(
     store_url: &str,
     wal_store_url: Option<&str>,
     cost: CostConfig,
-    latency: Option<Duration>,
+    faults: Faults,
 ) -> Result<OpenedStore, String> {
     let open_one = |flag: &str, url: &str, label: &'static str| {
         let mut s = store::open(url).map_err(|e| format!("--{flag}: {e}"))?;
-        if let Some(latency) = latency {
+        if faults.latency.is_some() || faults.error_rate.is_some() {
             let (faulty, control) = FaultyStore::new(s);
-            control.set_latency(latency);
+            if let Some(latency) = faults.latency {
+                control.set_latency(latency);
+            }
+            if let Some(rate) = faults.error_rate {
+                control.set_error_rate(rate);
+            }
             s = faulty;
         }
         let stats = instrumented::StoreStats::new(label, cost);

@@ -197,6 +197,10 @@ pub struct ServeArgs {
     /// (e.g. 20ms to behave like S3 on a local directory) [default: none].
     #[arg(long, env = "PICOMQ_STORE_LATENCY")]
     pub store_latency: Option<HumanDuration>,
+    /// Testing only: make this share of object-store requests fail, transiently
+    /// (e.g. 0.1) [default: none].
+    #[arg(long, env = "PICOMQ_STORE_ERROR_RATE", value_name = "SHARE")]
+    pub store_error_rate: Option<f64>,
     /// Log format: text or json.
     #[arg(long, env = "PICOMQ_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -224,6 +228,7 @@ impl ServeArgs {
         config.store = self.store.clone();
         config.meta = self.meta.clone();
         config.store_latency = self.store_latency.map(|d| d.0);
+        config.store_error_rate = self.store_error_rate;
         config.shutdown_timeout = self.shutdown_timeout.0;
         let e = &mut config.engine;
         e.wal.flush_bytes_max = self.wal_max_object_bytes.bytes();

@@ -85,6 +85,19 @@ pub struct StorageArgs {
     /// Bytes of adjacent chunks a cold read fetches in one GET (readahead).
     #[arg(long, env = "PICOMQ_READAHEAD_BYTES", default_value_t = Size(engine().readahead_bytes as u64))]
     pub readahead_bytes: Size,
+    /// Recent history stays only in WAL objects (one small chunk per stream each) at
+    /// most about this long: then the packer rewrites it, from memory, into packs
+    /// where each stream's records lie together (fast cold reads after a restart);
+    /// 0 = off.
+    #[arg(long, env = "PICOMQ_PACK_DELAY", default_value_t = HumanDuration(engine().pack.l0_delay))]
+    pub pack_delay: HumanDuration,
+    /// Memory for recent records awaiting their packs, in bytes.
+    #[arg(long, env = "PICOMQ_PACK_BUFFER_BYTES", default_value_t = Size(engine().pack.buffer_bytes_max as u64))]
+    pub pack_buffer_bytes: Size,
+    /// How long a catch-up read waits for the object store before it answers with
+    /// what is ready (clients read on from its Stream-Next-Offset).
+    #[arg(long, env = "PICOMQ_READ_BUDGET", default_value_t = HumanDuration(engine().read_budget))]
+    pub read_budget: HumanDuration,
     /// How often the age-retention pass trims streams created with a retention
     /// (Stream-Retention) down to their retained records; 0 = never.
     #[arg(long, env = "PICOMQ_RETENTION_INTERVAL", default_value_t = every(engine().retention_interval))]
@@ -122,6 +135,13 @@ impl StorageArgs {
         e.block_cache_bytes = self.block_cache_bytes.bytes();
         e.readahead_bytes = self.readahead_bytes.bytes();
         e.retention_interval = on(self.retention_interval);
+        if self.pack_delay.0.is_zero() {
+            e.pack.interval = None;
+        } else {
+            e.pack.l0_delay = self.pack_delay.0;
+        }
+        e.pack.buffer_bytes_max = self.pack_buffer_bytes.bytes();
+        e.read_budget = self.read_budget.0;
         e.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
             get_per_1000_usd: self.price_get_per_1000,

@@ -21,7 +21,11 @@ const APPENDS: usize = 25;
 
 /// Flags of a node that compacts only when asked, at once, and checkpoints and
 /// collects garbage often; no tail cache, so every read goes to the store.
+/// Compaction of WAL data: the packer is off, so data stays in WAL objects until a
+/// compaction pass takes it (as when the packer is behind or disabled).
 const FLAGS: &[&str] = &[
+    "--pack-delay",
+    "0",
     "--compaction-interval",
     "0",
     "--compaction-delay",
@@ -227,7 +231,14 @@ async fn compaction_keeps_every_record_and_cuts_objects_and_gets() {
     let fresh = TempDir::new("compaction-rebuild");
     let rebuilt = Server::start(
         fresh.path(),
-        &["--store", &store, "--tail-cache-bytes", "0"],
+        &[
+            "--store",
+            &store,
+            "--tail-cache-bytes",
+            "0",
+            "--pack-delay",
+            "0",
+        ],
     )
     .await;
     let c = rebuilt.client.clone();
