@@ -99,6 +99,9 @@ pub struct EngineConfig {
     pub cost: CostConfig,
     /// Wall time (tests inject a manual clock).
     pub clock: Clock,
+    /// Membership of a cluster (with a metadata store that coordinates one:
+    /// Postgres); `None` on a single node.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// Compaction rewrites old WAL data into read-optimized objects (see `compaction`).
@@ -222,6 +225,7 @@ impl Default for EngineConfig {
             retention_interval: Some(Duration::from_secs(60)),
             cost: CostConfig::default(),
             clock: Clock::system(),
+            cluster: None,
         }
     }
 }

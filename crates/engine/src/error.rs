@@ -43,6 +43,12 @@ pub enum EngineError {
     Overloaded(String),
     #[error("{0}")]
     Unavailable(String),
+    /// In a cluster: another node serves this stream (or it is moving between
+    /// nodes); the edge forwards the request or asks the client to retry.
+    #[error(
+        "this stream is served by another node of the cluster, or is moving between nodes; retry"
+    )]
+    NotOwner,
     #[error("internal error: {0}")]
     Internal(String),
 }

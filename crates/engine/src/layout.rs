@@ -59,6 +59,11 @@ pub fn wal_key(epoch: u64, seq: u64) -> String {
     format!("{WAL}/{epoch:010}/{seq:012}.wal")
 }
 
+/// The prefix of every WAL object of incarnation `epoch` (its log).
+pub fn wal_epoch_prefix(epoch: u64) -> String {
+    format!("{WAL}/{epoch:010}")
+}
+
 /// `(epoch, seq)` of a key made by [`wal_key`].
 pub fn parse_wal_key(key: &str) -> Option<(u64, u64)> {
     let rest = key.strip_prefix(WAL)?.strip_prefix('/')?;

@@ -15,6 +15,7 @@
 mod access;
 pub mod background;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod error;

@@ -12,11 +12,13 @@ use tokio::sync::mpsc;
 
 use crate::background::checkpoint::Checkpointer;
 use crate::background::compaction::{Compactor, PassReport};
-use crate::background::gc::Collector;
+use crate::background::gc::{Collector, Scope};
 use crate::background::packer::{Packer, WarmFrom};
 use crate::background::{Every, Scheduler};
+use crate::cluster::membership::Membership;
+use crate::cluster::takeover::Takeover;
 use crate::config::EngineConfig;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::indexer;
 use crate::meta::Meta;
 use crate::metrics::{Desc, Exposition, Source};
@@ -24,7 +26,7 @@ use crate::read::cold::ColdReader;
 use crate::store::instrumented::{InstrumentedStore, StoreStats};
 use crate::stream::names::NameFilter;
 use crate::stream::registry::Registry;
-use crate::stream::{Service, ServiceCounters, Shared};
+use crate::stream::{ClusterSide, Service, ServiceCounters, Shared};
 use crate::wal::system::SystemLog;
 use crate::wal::Wal;
 
@@ -64,6 +66,10 @@ pub struct EngineStats {
     pub index_failures: u64,
 }
 
+/// The cluster-wide job of compaction and of collecting finished members' logs:
+/// one member at a time, so compaction's commits and collection never overlap.
+const MAINTENANCE_JOB: &str = "maintenance";
+
 static RECOVERY_REPLAYED: Desc = Desc::gauge(
     "picomq_recovery_objects_replayed",
     "WAL objects replayed into the metadata at start.",
@@ -97,7 +103,35 @@ impl Engine {
         store_stats: Vec<Arc<StoreStats>>,
         meta: Meta,
     ) -> Result<Engine> {
-        let recovered = crate::recovery::recover(&*store, &meta).await?;
+        let coordinator = match (&config.cluster, meta.coordinator()) {
+            (Some(cluster), Some(coord)) => Some((cluster.clone(), coord)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(EngineError::bad_request(
+                    "cluster settings need a metadata store shared by the nodes (--meta postgres://...)",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(EngineError::bad_request(
+                    "a shared metadata store (Postgres) needs cluster settings (node id, advertised URL)",
+                ))
+            }
+        };
+        let recovered = match &coordinator {
+            // A member recovers nothing itself: its log is new, and the logs of
+            // members that died are taken over by the membership loop.
+            Some((cluster, coord)) => {
+                let epoch = crate::cluster::membership::join(&*store, &**coord, cluster).await?;
+                meta.set_node_epoch(epoch).await?;
+                crate::recovery::Recovered {
+                    epoch,
+                    objects_replayed: 0,
+                    listed_bytes: 0,
+                    restored_from: None,
+                }
+            }
+            None => crate::recovery::recover(&*store, &meta).await?,
+        };
         let wal_stats = store_stats
             .iter()
             .find(|s| s.label() == "wal")
@@ -113,10 +147,16 @@ impl Engine {
             "recovered from the object store"
         );
         let next_id = meta.next_stream_id().await?;
-        // Ids are handed out in order, so `next_id` bounds the rows to name.
-        let names = NameFilter::for_names(next_id.saturating_sub(1) as usize);
-        let named = meta.for_each_name(10_000, &mut |n| names.insert(n)).await?;
-        tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
+        let names = match coordinator {
+            Some(_) => NameFilter::off(),
+            None => {
+                // Ids are handed out in order, so `next_id` bounds the rows to name.
+                let names = NameFilter::for_names(next_id.saturating_sub(1) as usize);
+                let named = meta.for_each_name(10_000, &mut |n| names.insert(n)).await?;
+                tracing::debug!(named, bytes = names.bytes(), "stream name filter built");
+                names
+            }
+        };
         let (index_tx, index_rx) = mpsc::channel(256);
         let wal = Wal::start(
             store.clone(),
@@ -143,21 +183,27 @@ impl Engine {
         ));
         // Where the last incarnation's recent history is (see `Packer::warm`): WAL
         // objects from a little before what it wrote last, and its packs.
-        let warm_from = meta.watermark().await?.map(|w| {
+        let warm_from = match coordinator {
+            Some(_) => None,
+            None => meta.watermark().await?,
+        };
+        let warm_from = warm_from.map(|w| {
             let back = 2 * config.pack.l0_objects_max as u64;
             WarmFrom {
                 wal: crate::layout::wal_key(w.epoch, w.next_seq.saturating_sub(back)),
                 packs: crate::layout::segments_of(w.epoch),
             }
         });
-        let on_applied: indexer::OnApplied = match config.pack.interval {
-            Some(_) => {
-                let packer = packer.clone();
-                Box::new(move |objects| packer.feed(objects))
+        let feed_packer = || -> indexer::OnApplied {
+            match config.pack.interval {
+                Some(_) => {
+                    let packer = packer.clone();
+                    Box::new(move |objects| packer.feed(objects))
+                }
+                None => Box::new(|_| {}),
             }
-            None => Box::new(|_| {}),
         };
-        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx, on_applied);
+        let (index_task, indexer) = indexer::spawn(meta.clone(), index_rx, feed_packer());
         scheduler.keep(async move {
             let _ = index_task.await;
         });
@@ -175,6 +221,16 @@ impl Engine {
             config.readahead_bytes,
         );
         let epoch = recovered.epoch;
+        let cluster = coordinator
+            .map(|(config, coord)| Arc::new(crate::cluster::Cluster::new(config, coord, epoch)));
+        let takeover = cluster.as_ref().map(|c| {
+            Arc::new(Takeover {
+                cluster: c.clone(),
+                store: store.clone(),
+                meta: meta.clone(),
+                on_applied: feed_packer(),
+            })
+        });
         let service = Service::new(Shared {
             clock: config.clock.clone(),
             config,
@@ -190,6 +246,7 @@ impl Engine {
             pressure_sweep_ms: AtomicU64::new(0),
             cold,
             system,
+            cluster: cluster.clone().map(ClusterSide::new),
         });
         let node = Arc::new(Node {
             store,
@@ -207,10 +264,22 @@ impl Engine {
         });
         let engine = Engine { service, node };
         engine.schedule_passes();
+        if let (Some(cluster), Some(takeover)) = (cluster, takeover) {
+            engine.join_cluster(cluster, takeover);
+        }
         if let (Some(_), Some(from)) = (engine.service.inner.config.pack.interval, warm_from) {
             engine.warm_up(from);
         }
         Ok(engine)
+    }
+
+    /// Starts the membership loop (see `cluster::membership`). Losing the lease for
+    /// good (another member took this one's log over) fences the WAL.
+    fn join_cluster(&self, cluster: Arc<crate::cluster::Cluster>, takeover: Arc<Takeover>) {
+        let wal = self.service.inner.wal.clone();
+        let on_fenced: Box<dyn Fn() + Send + Sync> = Box::new(move || wal.fence());
+        let membership = Membership::new(cluster, self.service.clone(), takeover, on_fenced);
+        self.node.scheduler.keep(membership.run());
     }
 
     /// Brings back, in the background, the recent history a restart left only in
@@ -249,7 +318,10 @@ impl Engine {
             let step = dormancy.step();
             async move { engine.dormancy_pass(step).await }
         });
-        if let Some(interval) = config.fence_check_interval {
+        let cluster = self.service.cluster().cloned();
+        // In a cluster every member claims epochs: a newer claim is no sign of a
+        // takeover there (its lease says that).
+        if let Some(interval) = config.fence_check_interval.filter(|_| cluster.is_none()) {
             let (store, wal, epoch) = (
                 self.node.store.clone(),
                 self.service.inner.wal.clone(),
@@ -264,7 +336,9 @@ impl Engine {
                 }
             });
         }
-        if let Some(interval) = config.checkpoint_interval {
+        // A store of record has nothing to checkpoint.
+        let local = self.service.inner.meta.local_index().is_some();
+        if let Some(interval) = config.checkpoint_interval.filter(|_| local) {
             let checkpointer = self.node.checkpointer.clone();
             sched.every(Every::writer("checkpoint", interval), move || {
                 let checkpointer = checkpointer.clone();
@@ -277,17 +351,37 @@ impl Engine {
                 exclusive: true,
                 ..Every::writer("gc", interval)
             };
+            let (cluster, applied) = (cluster.clone(), self.service.inner.indexer.applied.clone());
             sched.every(every, move || {
-                let collector = collector.clone();
-                async move { collector.pass().await }
+                let (collector, cluster, applied) =
+                    (collector.clone(), cluster.clone(), applied.clone());
+                async move {
+                    let scope = match cluster {
+                        None => Scope::Checkpointed,
+                        Some(c) => {
+                            let indexed_below = *applied.borrow();
+                            Scope::Member {
+                                epoch: c.epoch,
+                                indexed_below,
+                                finished: c.finished_logs(interval).await,
+                            }
+                        }
+                    };
+                    collector.pass(&scope).await
+                }
             });
         }
         if let Some(interval) = config.compaction.interval {
             // Not exclusive: a pass takes the maintenance lock round by round.
             let compactor = self.node.compactor.clone();
+            let job = cluster.clone();
             sched.every(Every::writer("compaction", interval), move || {
-                let compactor = compactor.clone();
-                async move { compactor.scheduled_pass().await }
+                let (compactor, job) = (compactor.clone(), job.clone());
+                async move {
+                    if crate::cluster::holds_job(job.as_deref(), MAINTENANCE_JOB, interval).await {
+                        compactor.scheduled_pass().await
+                    }
+                }
             });
         }
         if let Some(interval) = config.pack.interval {
@@ -320,6 +414,21 @@ impl Engine {
         self.node.epoch
     }
 
+    /// Resolves once this node is fenced: another process took its log over (on
+    /// one node, a newer process on the same bucket; in a cluster, a member that
+    /// judged this one's lease lapsed). Never resolves otherwise.
+    pub async fn fenced(&self) {
+        let mut health = self.service.inner.wal.health();
+        loop {
+            if matches!(*health.borrow_and_update(), crate::wal::WalHealth::Fenced) {
+                return;
+            }
+            if health.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     pub fn stats(&self) -> EngineStats {
         let inner = &self.service.inner;
         EngineStats {
@@ -343,10 +452,27 @@ impl Engine {
         self.node.compactor.pass(delay).await
     }
 
-    /// Stops accepting writes and makes everything accepted durable and indexed.
+    /// Stops accepting writes and makes everything accepted durable and indexed. A
+    /// cluster member first hands its streams to the others (within `drain`), and
+    /// leaves once its log is indexed.
     pub async fn shutdown(&self) {
+        self.shutdown_within(Duration::from_secs(10)).await
+    }
+
+    /// [`Engine::shutdown`], giving a cluster member `drain` to hand over its streams.
+    pub async fn shutdown_within(&self, drain: Duration) {
+        let cluster = self.service.cluster().cloned();
+        let drained = match &cluster {
+            Some(c) => c.drain_all(drain).await,
+            None => false,
+        };
         self.service.inner.wal.shutdown().await;
-        let _ = self.service.index_barrier().await;
+        let indexed = self.service.index_barrier().await.is_ok();
+        if let (Some(c), true, true) = (&cluster, drained, indexed) {
+            if c.mark_left().await {
+                tracing::info!("left the cluster: every stream handed over, the log indexed");
+            }
+        }
         self.node.scheduler.stop();
     }
 
@@ -361,6 +487,9 @@ impl Engine {
         node.compactor.stats().export(out);
         node.packer.stats.export(out);
         inner.cold.cache().stats.export(out);
+        if let Some(cluster) = self.service.cluster() {
+            cluster.export(out);
+        }
         out.value(&RECOVERY_REPLAYED, &[], node.recovered.0 as f64)
             .value(
                 &RECOVERY_CHECKPOINT,

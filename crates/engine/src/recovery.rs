@@ -116,7 +116,7 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
 }
 
 /// Writes the seal at `key`; `false` if the key already exists.
-async fn seal(store: &dyn ObjectStore, key: &str, by_epoch: u64) -> Result<bool> {
+pub(crate) async fn seal(store: &dyn ObjectStore, key: &str, by_epoch: u64) -> Result<bool> {
     // Unique bytes per sealer, so two seals never look alike.
     let body = format!(
         "PMQS sealed by epoch {by_epoch} nonce {}",
@@ -136,7 +136,7 @@ async fn seal(store: &dyn ObjectStore, key: &str, by_epoch: u64) -> Result<bool>
     }
 }
 
-fn decode(key: &str, bytes: &Bytes) -> Result<FlushedObject> {
+pub(crate) fn decode(key: &str, bytes: &Bytes) -> Result<FlushedObject> {
     let (header, chunks) = format::decode_object(bytes)
         .map_err(|e| EngineError::Internal(format!("WAL object {key}: {e}")))?;
     Ok(FlushedObject {

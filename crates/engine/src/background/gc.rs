@@ -91,15 +91,56 @@ pub struct Pass {
     pub bytes: u64,
 }
 
-/// One pass: deletes every unreferenced, non-seal WAL object below the checkpoint
-/// floor. Without a checkpoint there is no floor and nothing is deleted.
-pub async fn collect(store: &dyn ObjectStore, meta: &Meta) -> Result<Pass> {
+/// Which objects a pass may judge.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    /// One node: every object below the checkpoint floor.
+    Checkpointed,
+    /// A cluster member (whose index is of record, without checkpoints): the
+    /// objects of its own log below what it indexed (its compaction and packer
+    /// commit under its maintenance lock, as on one node), and the objects of
+    /// `finished` members, whose logs are sealed and fully indexed. Each object
+    /// belongs to one log, so each is judged by one member.
+    Member {
+        epoch: u64,
+        indexed_below: u64,
+        finished: Vec<u64>,
+    },
+}
+
+/// One pass: deletes every unreferenced, non-seal object in `scope`. On one node
+/// without a checkpoint there is no floor and nothing is deleted.
+pub async fn collect(store: &dyn ObjectStore, meta: &Meta, scope: &Scope) -> Result<Pass> {
     let mut pass = Pass::default();
-    let Some(floor) = checkpoint::floor(store).await? else {
-        return Ok(pass);
-    };
-    for prefix in [layout::WAL, layout::SEGMENTS] {
-        collect_under(store, meta, prefix, floor, &mut pass).await?;
+    match scope {
+        Scope::Checkpointed => {
+            let Some(floor) = checkpoint::floor(store).await? else {
+                return Ok(pass);
+            };
+            for prefix in [layout::WAL, layout::SEGMENTS] {
+                collect_under(store, meta, prefix, floor, &mut pass).await?;
+            }
+        }
+        Scope::Member {
+            epoch,
+            indexed_below,
+            finished,
+        } => {
+            let own = Watermark {
+                epoch: *epoch,
+                next_seq: *indexed_below,
+            };
+            let all = Watermark {
+                epoch: u64::MAX,
+                next_seq: 0,
+            };
+            let logs = std::iter::once((*epoch, own)).chain(finished.iter().map(|e| (*e, all)));
+            for (e, floor) in logs {
+                for prefix in [layout::wal_epoch_prefix(e), layout::segments_of(e)] {
+                    collect_under(store, meta, &prefix, floor, &mut pass).await?;
+                }
+            }
+        }
     }
     Ok(pass)
 }
@@ -177,8 +218,8 @@ impl Collector {
         }
     }
 
-    pub async fn pass(&self) {
-        match collect(&*self.store, &self.meta).await {
+    pub async fn pass(&self, scope: &Scope) {
+        match collect(&*self.store, &self.meta, scope).await {
             Ok(pass) => {
                 self.stats.passes.inc();
                 self.stats.objects_deleted.add(pass.deleted);

@@ -149,6 +149,11 @@ pub trait MetaStore: Send + Sync + 'static {
     /// The local index of an embedded store, which can be checkpointed and rebuilt;
     /// `None` for a store that is the metadata of record.
     fn local_index(&self) -> Option<&dyn LocalIndex>;
+
+    /// The coordination of a cluster, for a store that is shared by its nodes.
+    fn coordinator(&self) -> Option<Arc<dyn crate::cluster::Coordinator>> {
+        None
+    }
 }
 
 /// A metadata database that is a local, rebuildable index of the bucket.
@@ -163,6 +168,12 @@ pub trait LocalIndex: Send + Sync {
     async fn restore_from(&self, path: &std::path::Path) -> Result<Option<Watermark>>;
     /// Writes not derived from the WAL so far (access times).
     fn local_writes(&self) -> u64;
+}
+
+/// Whether `url` names a metadata store shared by the nodes of a cluster
+/// (Postgres), rather than one node's own (SQLite).
+pub fn is_shared_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 /// The node's metadata store.

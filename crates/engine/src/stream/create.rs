@@ -2,13 +2,13 @@
 //! 409), with an optional first append, and forking one at an offset.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::handle::{Lifecycle, StreamConfig, StreamHandle};
 use super::json::json_records;
 use super::lifecycle::validate_retention;
 use super::{changing_too_fast, CreateRequest, ForkRequest, StreamInfo, StreamRef, STATE_RETRIES};
+use crate::cluster::ForkPin;
 use crate::domain::{self, Invalid};
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
@@ -111,8 +111,14 @@ impl Service {
                 }
             }
             (Some(f), Some(origin)) => {
-                let source = self.lookup_in(&f.source, lifecycle_held).await?;
-                if source.as_ref().map(|s| s.config.id) != Some(origin.source_id) {
+                let source_id = if self.serves(&f.source) {
+                    self.lookup_in(&f.source, lifecycle_held)
+                        .await?
+                        .map(|s| s.config.id)
+                } else {
+                    self.stream_id_anywhere(&f.source).await?
+                };
+                if source_id != Some(origin.source_id) {
                     return mismatch("fork source");
                 }
                 if f.offset.is_some() && f.offset != origin.requested_offset.or(Some(origin.point))
@@ -151,6 +157,7 @@ impl Service {
             expires_at: req.expires_at.clone(),
             expires_at_ms,
             fork: None,
+            pin: None,
         };
         if let Some(f) = &req.fork {
             self.fork_from(req, f, &mut shape).await?;
@@ -164,8 +171,9 @@ impl Service {
             vec![req.body.clone()]
         };
         self.check_capacity()?;
+        let id = self.new_stream_id().await?;
         let created_ms = self.inner.clock.now_ms();
-        let handle = self.new_handle(req, &shape, json, created_ms);
+        let handle = self.new_handle(id, req, &shape, json, created_ms);
         // Before the stream is registered: once it is evicted, lookups find it
         // through the filter (see `names`).
         self.inner.names.insert(&req.name);
@@ -174,8 +182,12 @@ impl Service {
             v.evicted || v.lifecycle == Lifecycle::Deleted
         });
         if !Arc::ptr_eq(&active, &handle) {
+            if let Some((url, source_id, pin)) = shape.pin.take() {
+                self.unpin_remote_fork(url, source_id, pin);
+            }
             return Ok(None);
         }
+        let pin = shape.pin.take();
         let create = CreateOp {
             name: req.name.to_string(),
             content_type: shape.content_type,
@@ -184,42 +196,99 @@ impl Service {
             expires_at: shape.expires_at,
             fork: shape.fork,
         };
-        let last_op = self.submit_creation(&handle, req, create, records)?;
-        self.wait_durable(&handle, last_op).await?;
+        let created = match self.submit_creation(&handle, req, create, records) {
+            Ok(last_op) => self.wait_durable(&handle, last_op).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Some((url, source_id, pin)) = pin {
+            // Released once the fork is in the index (or at once if it failed).
+            self.unpin_remote_fork(url, source_id, pin);
+        }
+        created?;
         Ok(Some(StreamRef { handle }.info()))
     }
 
     /// A fork takes its source's content type and, unless given its own, its TTL or
-    /// expiry; its history is the source's below the fork point.
+    /// expiry; its history is the source's below the fork point. A source served by
+    /// another node pins the point there (see `stream::cluster`).
     async fn fork_from(
         &self,
         req: &CreateRequest,
         f: &ForkRequest,
         shape: &mut Shape,
     ) -> Result<()> {
-        // Fork creation holds the lifecycle lock (see `create`).
-        let source = match self.lookup_in(&f.source, true).await? {
-            Some(s) => s,
-            None => return Err(EngineError::ForkSourceNotFound),
+        let content_type = req.content_type.as_ref().map(|c| c.as_str());
+        let resolved = if self.serves(&f.source) {
+            // Fork creation holds the lifecycle lock (see `create`).
+            let source = match self.lookup_in(&f.source, true).await? {
+                Some(s) => s,
+                None => return Err(EngineError::ForkSourceNotFound),
+            };
+            self.resolve_fork(&source, f.offset, f.sub_offset, content_type)
+                .await?
+        } else {
+            let pin = ForkPin {
+                source: f.source.to_string(),
+                offset: f.offset.map(|o| o.0),
+                sub_offset: f.sub_offset,
+                content_type: content_type.map(str::to_string),
+            };
+            let (url, pinned) = self.pin_remote_fork(&pin).await?;
+            shape.pin = Some((url, pinned.source_id, pinned.pin));
+            ResolvedFork {
+                source_id: pinned.source_id,
+                expires_at_ms: pinned
+                    .expires_at
+                    .as_deref()
+                    .and_then(units::parse_rfc3339_ms),
+                content_type: pinned.content_type,
+                ttl_secs: pinned.ttl_secs,
+                expires_at: pinned.expires_at,
+                point: Offset(pinned.point),
+            }
         };
+        shape.content_type = resolved.content_type;
+        if shape.ttl_secs.is_none() && shape.expires_at.is_none() {
+            shape.ttl_secs = resolved.ttl_secs;
+            shape.expires_at = resolved.expires_at;
+            shape.expires_at_ms = resolved.expires_at_ms;
+        }
+        shape.fork = Some(ForkOrigin {
+            source_id: resolved.source_id,
+            point: resolved.point,
+            requested_offset: f.offset,
+            sub_offset: f.sub_offset,
+        });
+        Ok(())
+    }
+
+    /// Checks a fork of `source` and resolves its point: the source must be live,
+    /// of the same media type as asked, and hold the anchor (`offset`, or its tail)
+    /// within what it retains.
+    pub(crate) async fn resolve_fork(
+        &self,
+        source: &Arc<StreamHandle>,
+        offset: Option<Offset>,
+        sub_offset: u64,
+        content_type: Option<&str>,
+    ) -> Result<ResolvedFork> {
         if source.view().lifecycle == Lifecycle::SoftDeleted {
             return Err(EngineError::conflict(
                 "the fork source was deleted and cannot be forked",
             ));
         }
-        match &req.content_type {
-            Some(ct) if !domain::same_media_type(ct.as_str(), &source.config.content_type) => {
+        match content_type {
+            Some(ct) if !domain::same_media_type(ct, &source.config.content_type) => {
                 return Err(EngineError::conflict(format!(
-                    "content type {:?} differs from the source stream's {:?}",
-                    ct.as_str(),
+                    "content type {ct:?} differs from the source stream's {:?}",
                     source.config.content_type
                 )))
             }
-            _ => shape.content_type = source.config.content_type.clone(),
+            _ => {}
         }
         let tail = source.view().tail;
-        let anchor = f.offset.unwrap_or(tail);
-        let source_start = self.start_of(&source).await?;
+        let anchor = offset.unwrap_or(tail);
+        let source_start = self.start_of(source).await?;
         if anchor < source_start {
             return Err(EngineError::Trimmed {
                 start: source_start,
@@ -228,37 +297,32 @@ impl Service {
         if anchor > tail {
             return Err(Invalid::ForkOffsetPastTail.into());
         }
-        if f.sub_offset > 0 && f.offset.is_none() {
+        if sub_offset > 0 && offset.is_none() {
             return Err(Invalid::ForkSubOffsetWithoutOffset.into());
         }
-        let point = if f.sub_offset > 0 {
-            self.resolve_sub_offset(&source, anchor, f.sub_offset)
-                .await?
+        let point = if sub_offset > 0 {
+            self.resolve_sub_offset(source, anchor, sub_offset).await?
         } else {
             anchor
         };
-        if shape.ttl_secs.is_none() && shape.expires_at.is_none() {
-            shape.ttl_secs = source.config.ttl_secs;
-            shape.expires_at = source.config.expires_at.clone();
-            shape.expires_at_ms = source.config.expires_at_ms;
-        }
-        shape.fork = Some(ForkOrigin {
+        Ok(ResolvedFork {
             source_id: source.config.id,
+            content_type: source.config.content_type.clone(),
+            ttl_secs: source.config.ttl_secs,
+            expires_at: source.config.expires_at.clone(),
+            expires_at_ms: source.config.expires_at_ms,
             point,
-            requested_offset: f.offset,
-            sub_offset: f.sub_offset,
-        });
-        Ok(())
+        })
     }
 
     fn new_handle(
         &self,
+        id: u64,
         req: &CreateRequest,
         shape: &Shape,
         json: bool,
         created_ms: u64,
     ) -> Arc<StreamHandle> {
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let start = shape.fork.as_ref().map_or(Offset::ZERO, |f| f.point);
         let config = StreamConfig {
             id,
@@ -373,4 +437,17 @@ struct Shape {
     expires_at: Option<String>,
     expires_at_ms: Option<u64>,
     fork: Option<ForkOrigin>,
+    /// A pin on the fork point held by the source's owner: `(its URL, source id,
+    /// pin)`, released once the fork is indexed.
+    pin: Option<(String, u64, u64)>,
+}
+
+/// What a fork takes from its source.
+pub(crate) struct ResolvedFork {
+    pub(crate) source_id: u64,
+    pub(crate) content_type: String,
+    pub(crate) ttl_secs: Option<u64>,
+    pub(crate) expires_at: Option<String>,
+    pub(crate) expires_at_ms: Option<u64>,
+    pub(crate) point: Offset,
 }

@@ -98,6 +98,10 @@ impl Service {
             if self.inner.wal.check_health().is_err() {
                 return after;
             }
+            // In a cluster each owner expires its own streams.
+            if !self.serves(&name) {
+                continue;
+            }
             if let Err(e) = self.lookup(&name).await {
                 tracing::warn!(stream = %name, error = %e, "expiring a dormant stream failed");
             }

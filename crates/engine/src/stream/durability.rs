@@ -54,6 +54,14 @@ impl Service {
             }
         };
         match tokio::time::timeout(self.inner.config.append_timeout, wait).await {
+            // A cluster member acknowledges only while its lease holds: past it,
+            // another member may be taking its streams over (which it does with
+            // everything durable, this op included, so the op is not lost).
+            Ok(Ok(_)) if self.cluster().is_some_and(|c| !c.lease.is_valid()) => {
+                Err(EngineError::Unavailable(
+                    "this node's cluster lease lapsed before the write was acknowledged; its outcome is unknown, retry with idempotent producer headers".into(),
+                ))
+            }
             Ok(r) => r,
             Err(_) => Err(EngineError::Unavailable(format!(
                 "write not durable within {:?} (object store slow or down); its outcome is unknown, retry with idempotent producer headers",

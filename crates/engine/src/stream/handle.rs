@@ -223,6 +223,19 @@ impl StreamHandle {
         }
     }
 
+    /// Takes the handle out of service whatever it is doing (its slot is moving to
+    /// another node): the sequencer refuses new ops, readers and waiters see
+    /// `evicted` and re-resolve. Returns the last op submitted, which the caller
+    /// waits to see durable and indexed before the stream is served elsewhere.
+    pub fn retire(&self) -> u64 {
+        let mut st = self.lock();
+        if !st.evicted {
+            st.evicted = true;
+            self.durable.send_modify(|v| v.evicted = true);
+        }
+        st.next_op - 1
+    }
+
     /// True once every submitted op is durable and indexed.
     pub fn settled(&self) -> bool {
         let st = self.lock();

@@ -34,7 +34,8 @@ impl Service {
         let mut went_dormant = 0;
         loop {
             self.index_barrier().await?;
-            let forks = self.inner.meta.fork_count(handle.config.id).await?;
+            let forks = self.inner.meta.fork_count(handle.config.id).await?
+                + self.fork_pins(handle.config.id);
             let soft = forks > 0;
             let op_no = {
                 let mut st = handle.lock();
@@ -82,11 +83,16 @@ impl Service {
             let Some(origin) = &handle.config.fork else {
                 return Ok(());
             };
-            let Some(source) = self.lookup_id(origin.source_id).await? else {
+            let Some(source) = self.source_handle(origin.source_id).await? else {
                 return Ok(());
             };
+            if !self.serves(&source.config.name) {
+                self.cascade_remote(&source);
+                return Ok(());
+            }
             if source.view().lifecycle != Lifecycle::SoftDeleted
                 || self.inner.meta.fork_count(source.config.id).await? > 0
+                || self.fork_pins(source.config.id) > 0
             {
                 return Ok(());
             }

@@ -10,6 +10,7 @@
 //! service's background passes.
 
 mod append;
+mod cluster;
 mod counters;
 mod create;
 pub(crate) mod dormancy;
@@ -36,6 +37,7 @@ use crate::error::EngineError;
 use crate::offset::Offset;
 
 pub use crate::read::ReadChunk;
+pub(crate) use cluster::ClusterSide;
 pub use counters::ServiceCounters;
 pub use json::json_records;
 pub use service::Service;
@@ -165,6 +167,8 @@ pub enum WaitOutcome {
     /// Data past the offset is durable (or the stream closed).
     Ready,
     TimedOut,
+    /// The stream moved to another node: ask again (the request is routed afresh).
+    Moved,
 }
 
 /// A resolved, active stream.

@@ -26,6 +26,9 @@ pub struct NameFilter {
     words: Box<[AtomicU64]>,
     /// Number of bits minus one (a power of two minus one).
     mask: u64,
+    /// Rules nothing out: in a cluster other nodes create names behind this one's
+    /// back, so every lookup asks the metadata.
+    off: bool,
 }
 
 impl NameFilter {
@@ -35,10 +38,23 @@ impl NameFilter {
         NameFilter {
             words: (0..bits / 64).map(|_| AtomicU64::new(0)).collect(),
             mask: bits as u64 - 1,
+            off: false,
+        }
+    }
+
+    /// A filter that may contain every name.
+    pub fn off() -> NameFilter {
+        NameFilter {
+            words: Box::new([]),
+            mask: 0,
+            off: true,
         }
     }
 
     pub fn insert(&self, name: &str) {
+        if self.off {
+            return;
+        }
         for bit in self.bits(name) {
             self.words[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::Relaxed);
         }
@@ -46,9 +62,10 @@ impl NameFilter {
 
     /// `false`: no stream was ever named `name` (on this node's metadata).
     pub fn may_contain(&self, name: &str) -> bool {
-        self.bits(name).all(|bit| {
-            self.words[(bit / 64) as usize].load(Ordering::Relaxed) & (1 << (bit % 64)) != 0
-        })
+        self.off
+            || self.bits(name).all(|bit| {
+                self.words[(bit / 64) as usize].load(Ordering::Relaxed) & (1 << (bit % 64)) != 0
+            })
     }
 
     /// The probed bit positions: double hashing over two independent hashes.

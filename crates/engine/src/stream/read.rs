@@ -75,7 +75,7 @@ impl Service {
                 break;
             }
             level = self
-                .lookup_id(origin.source_id)
+                .source_handle(origin.source_id)
                 .await?
                 .ok_or_else(|| EngineError::Internal("fork source is missing".into()))?;
         }
@@ -143,7 +143,7 @@ impl Service {
         stream.handle.touch(self.inner.clock.now_ms());
         match outcome {
             WaitOutcome::Ready => self.read(stream, from, max_bytes).await,
-            WaitOutcome::TimedOut => Ok(chunk),
+            WaitOutcome::TimedOut | WaitOutcome::Moved => Ok(chunk),
         }
     }
 
@@ -170,7 +170,7 @@ impl Service {
             }
             let cap = levels.last().expect("non-empty").1.min(origin.point);
             let source = self
-                .lookup_id(origin.source_id)
+                .source_handle(origin.source_id)
                 .await?
                 .ok_or_else(|| EngineError::Internal("fork source is missing".into()))?;
             levels.push((source, cap));
@@ -238,6 +238,9 @@ impl Service {
                 if view.tail > offset || view.closed {
                     return Ok(WaitOutcome::Ready);
                 }
+                if view.evicted {
+                    return Ok(WaitOutcome::Moved);
+                }
                 match view.lifecycle {
                     Lifecycle::Live => {}
                     Lifecycle::SoftDeleted => return Err(EngineError::Gone),
@@ -267,7 +270,8 @@ impl Service {
         let now = self.inner.clock.now_ms();
         let mut streams = Vec::with_capacity(rows.len());
         for row in rows {
-            if !maybe_expired(&row, now) {
+            // A stream served by another node: its owner expires it, not a listing.
+            if !maybe_expired(&row, now) || !self.serves(&row.name) {
                 streams.push(info_of(row));
                 continue;
             }

@@ -119,6 +119,8 @@ impl Service {
 
     pub(crate) async fn load(&self, row: Option<StreamRow>) -> Result<Option<Arc<StreamHandle>>> {
         let Some(row) = row else { return Ok(None) };
+        // Only the owner loads a stream into its registry (its sequencer lives there).
+        self.check_owner(&row.name)?;
         self.check_capacity()?;
         let producers = self.inner.meta.producers(row.id).await?;
         let handle = self.handle_from_row(row, producers)?;
@@ -142,6 +144,7 @@ impl Service {
         name: &str,
         lifecycle_held: bool,
     ) -> Result<Option<Arc<StreamHandle>>> {
+        self.check_owner(name)?;
         for _ in 0..STATE_RETRIES {
             let handle = match self.inner.registry.by_name(name) {
                 Some(h) => h,
@@ -256,7 +259,7 @@ impl Service {
                 break;
             }
             let source = self
-                .lookup_id(origin.source_id)
+                .source_handle(origin.source_id)
                 .await?
                 .ok_or_else(|| EngineError::Internal("fork source is missing".into()))?;
             start = start.max(source.view().start.min(cap));

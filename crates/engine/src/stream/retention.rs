@@ -41,6 +41,10 @@ pub(crate) async fn pass(engine: &Service, after: String, limit: u32) -> String 
         let Some(end) = expired_end.filter(|end| *end > start) else {
             continue;
         };
+        // In a cluster each owner trims its own streams.
+        if !engine.serves(&name) {
+            continue;
+        }
         // A row's end is a record boundary: no need to check it.
         match engine
             .trim_at_boundary(&StreamName::stored(name.clone()), end)

@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     pub(crate) cold: ColdReader,
     /// The node's own ops (tokens, server keys; compaction's relocations too).
     pub(crate) system: Arc<SystemLog>,
+    /// The node's membership of a cluster, if it is in one.
+    pub(crate) cluster: Option<super::cluster::ClusterSide>,
 }
 
 /// The stream service of one node: create, append, read, lifecycle, and the

@@ -1,0 +1,347 @@
+//! The membership loop of a node: renew the lease; read the members and the slot
+//! owners; take over members whose lease lapsed; hand the slots this member should
+//! no longer own to the members that should; claim the free slots that are its own.
+//!
+//! Every node runs the same assignment (`slots`) over the same members, so they
+//! agree on where each slot belongs without talking to each other. A slot changes
+//! hands in one of two ways only:
+//! - by hand-over from a live owner, after it stopped serving the slot and every op
+//!   of the slot's streams is durable and indexed (`Service::settle_slot`): the new
+//!   owner loads those streams from the index and continues where they ended;
+//! - by a claim of a free slot: one nobody owned, or whose owner is finished (its
+//!   log sealed and fully indexed, by a takeover or by its leaving).
+//!
+//! A member judges others dead only after it has held its own lease for a whole
+//! lease period: after an outage of Postgres every member's lease has lapsed by the
+//! store's clock, and the first to reconnect must not take over the others before
+//! they had the chance to renew.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use object_store::path::Path;
+use object_store::ObjectStore;
+use tokio::time::Instant;
+
+use super::coordinator::{Coordinator, Joining, MemberRow, MemberState, SlotRow};
+use super::takeover::Takeover;
+use super::{slots, Cluster, ClusterConfig, SLOTS};
+use crate::error::{EngineError, Result};
+use crate::stream::Service;
+
+/// Slots handed over in one step at most: each hand-over makes its streams' new
+/// requests wait until it is done, so they go in batches.
+const HAND_OVER_BATCH: usize = 64;
+/// The loop's pace while slots are moving (it runs every renewal interval otherwise).
+const BUSY_STEP: Duration = Duration::from_millis(100);
+
+pub(crate) struct Membership {
+    cluster: Arc<Cluster>,
+    service: Service,
+    takeover: Arc<Takeover>,
+    /// Dead members being taken over by this node.
+    taking: Arc<Mutex<HashSet<u64>>>,
+    /// Where to tell the node it lost its lease for good.
+    on_fenced: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Membership {
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        service: Service,
+        takeover: Arc<Takeover>,
+        on_fenced: Box<dyn Fn() + Send + Sync>,
+    ) -> Membership {
+        Membership {
+            cluster,
+            service,
+            takeover,
+            taking: Arc::default(),
+            on_fenced,
+        }
+    }
+
+    /// Runs until the node stops.
+    pub(crate) async fn run(self) {
+        let every = self.cluster.lease.renew_every();
+        loop {
+            let started = Instant::now();
+            let busy = match self.step().await {
+                Ok(busy) => busy,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster membership step failed; retrying");
+                    false
+                }
+            };
+            let pace = if busy { BUSY_STEP } else { every };
+            let next = started + pace;
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = self.cluster.nudged() => {}
+            }
+        }
+    }
+
+    /// One round; `true` when slots are still moving (run again soon).
+    async fn step(&self) -> Result<bool> {
+        if !self.renew().await {
+            return Ok(false);
+        }
+        let members = self.cluster.coord.members().await?;
+        let slots = self.cluster.coord.slots().await?;
+        self.cluster.set_members(members.clone());
+        for row in &slots {
+            self.cluster.apply_slot(*row);
+        }
+        self.take_over_dead(&members);
+        self.rebalance(&members, &slots).await
+    }
+
+    /// Renews this member's lease; `false` when it does not hold one now.
+    async fn renew(&self) -> bool {
+        let c = &self.cluster;
+        let sent = Instant::now();
+        match c
+            .coord
+            .renew(c.epoch, c.lease.ttl().as_millis() as u64)
+            .await
+        {
+            Ok(Some(state)) => {
+                c.lease.renewed(sent);
+                c.stats.renewals_ok.inc();
+                c.set_draining(state == MemberState::Draining);
+            }
+            Ok(None) => {
+                if c.lease.is_valid() || !c.owned_slots().is_empty() {
+                    tracing::error!(
+                        epoch = c.epoch,
+                        "this member's lease was taken over by another node: giving up every stream"
+                    );
+                }
+                c.lease.lost();
+                c.disown_all();
+                (self.on_fenced)();
+                return false;
+            }
+            Err(e) => {
+                c.stats.renewals_failed.inc();
+                tracing::warn!(error = %e, remaining = ?c.lease.remaining(), "renewing the cluster lease failed");
+            }
+        }
+        c.lease.is_valid()
+    }
+
+    /// Starts a takeover of each member the store judges lapsed, once this member
+    /// has held its own lease for a lease period.
+    fn take_over_dead(&self, members: &[MemberRow]) {
+        if self.cluster.lease.held_for() < self.cluster.lease.ttl() {
+            return;
+        }
+        let sealers_alive = |m: &MemberRow| {
+            m.sealer
+                .and_then(|s| members.iter().find(|x| x.epoch == s))
+                .is_some_and(MemberRow::is_alive)
+        };
+        for m in members {
+            let lapsed = m.state.is_running() && m.lease_left_ms <= 0;
+            let orphaned = m.state == MemberState::Sealing && !sealers_alive(m);
+            if m.epoch == self.cluster.epoch || !(lapsed || orphaned) {
+                continue;
+            }
+            if !self.taking.lock().expect("takeovers").insert(m.epoch) {
+                continue;
+            }
+            let (takeover, taking, cluster, dead) = (
+                self.takeover.clone(),
+                self.taking.clone(),
+                self.cluster.clone(),
+                m.clone(),
+            );
+            tokio::spawn(async move {
+                match takeover.run(dead.epoch).await {
+                    Ok(Some(objects)) => tracing::info!(
+                        node = %dead.node_id, epoch = dead.epoch, objects,
+                        "took over a member whose lease lapsed: its log is sealed and indexed"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(
+                        node = %dead.node_id, epoch = dead.epoch, error = %e,
+                        "taking over a member failed; retrying"
+                    ),
+                }
+                taking.lock().expect("takeovers").remove(&dead.epoch);
+                cluster.nudge();
+            });
+        }
+    }
+
+    /// Hands over the slots others should own and claims the free ones that are
+    /// this member's; `true` while some still have to move.
+    async fn rebalance(&self, members: &[MemberRow], slots: &[SlotRow]) -> Result<bool> {
+        let c = &self.cluster;
+        let owners = desired_owners(members, c.is_draining().then_some(c.epoch));
+        let alive = |epoch: u64| members.iter().any(|m| m.epoch == epoch && m.is_alive());
+        let (mut give, mut claim, mut reown) = (Vec::new(), Vec::new(), Vec::new());
+        for row in slots {
+            let want = owners[row.slot as usize];
+            let mine = row.owner == Some(c.epoch);
+            match want {
+                Some(to) if mine && to != c.epoch => give.push((row.slot, Some(to))),
+                None if mine && c.is_draining() => give.push((row.slot, None)),
+                Some(to) if to == c.epoch && mine && !c.serving(row.slot) => reown.push(*row),
+                Some(to) if to == c.epoch && !mine && !row.owner.is_some_and(alive) => {
+                    claim.push(row.slot)
+                }
+                _ => {}
+            }
+        }
+        if !claim.is_empty() {
+            for row in c.coord.claim(c.epoch, &claim).await? {
+                c.apply_slot(row);
+            }
+        }
+        if !reown.is_empty() {
+            // A hand-over that did not happen: its streams were retired, so they
+            // settle (and leave memory) before the slot is served again.
+            let slots: Vec<u32> = reown.iter().map(|r| r.slot).collect();
+            self.service.settle_slots(&slots).await?;
+            for row in reown {
+                c.own(row.slot, row.generation);
+            }
+        }
+        let busy = !give.is_empty();
+        give.truncate(HAND_OVER_BATCH);
+        self.hand_over(give).await;
+        Ok(busy)
+    }
+
+    /// Stops serving `give`'s slots, settles their streams, and records each slot's
+    /// new owner (`None`: nobody, when no other member is alive to take it). A
+    /// failure leaves the slot unserved but this member's: the next step retries.
+    async fn hand_over(&self, give: Vec<(u32, Option<u64>)>) {
+        if give.is_empty() {
+            return;
+        }
+        let c = &self.cluster;
+        let slots: Vec<u32> = give.iter().map(|(s, _)| *s).collect();
+        for slot in &slots {
+            c.disown(*slot);
+        }
+        c.changes.send_modify(|n| *n += 1);
+        if let Err(e) = self.service.settle_slots(&slots).await {
+            tracing::warn!(error = %e, slots = slots.len(), "streams of slots being handed over did not settle; retrying");
+            return;
+        }
+        for (slot, to) in give {
+            match c.coord.hand_over(c.epoch, slot, to).await {
+                Ok(Some(row)) => c.apply_slot(row),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, slot, "handing a slot over failed; retrying"),
+            }
+        }
+        tracing::debug!(slots = slots.len(), "slots handed over");
+    }
+}
+
+/// Joins the cluster as a new member: claims an epoch in the bucket above every
+/// epoch the cluster has had, and registers it with a fresh lease. A bucket holding
+/// logs the coordinator does not know (a single node's) is refused: nothing would
+/// index them, and collection would delete them.
+pub(crate) async fn join(
+    store: &dyn ObjectStore,
+    coord: &dyn Coordinator,
+    config: &ClusterConfig,
+) -> Result<u64> {
+    let known: HashSet<u64> = coord.members().await?.iter().map(|m| m.epoch).collect();
+    let listed = store
+        .list_with_delimiter(Some(&Path::from(crate::layout::WAL)))
+        .await?;
+    let foreign: Vec<String> = listed
+        .common_prefixes
+        .iter()
+        .filter_map(|p| p.filename().map(str::to_string))
+        .filter(|e| e.parse::<u64>().is_ok_and(|e| !known.contains(&e)))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(EngineError::bad_request(format!(
+            "the bucket holds WAL logs the cluster's metadata does not know (epochs {}): it was written by a single node; a cluster needs a bucket (or --store prefix) of its own",
+            foreign.join(", ")
+        )));
+    }
+    let epoch = crate::fencing::claim(store, coord.max_epoch().await? + 1).await?;
+    coord
+        .join(&Joining {
+            epoch,
+            node_id: config.node_id.clone(),
+            advertise: config.advertise.clone(),
+            lease_ms: config.lease.as_millis() as u64,
+        })
+        .await?;
+    Ok(epoch)
+}
+
+/// For every slot, the epoch of the member that should own it: the assignment over
+/// the live members (`Live`, lease holding), one incarnation per node id (its
+/// newest), leaving `excluded` (a draining member) out.
+pub(crate) fn desired_owners(members: &[MemberRow], excluded: Option<u64>) -> Vec<Option<u64>> {
+    let mut newest: Vec<&MemberRow> = Vec::new();
+    for m in members {
+        if !m.is_alive() || m.state != MemberState::Live || Some(m.epoch) == excluded {
+            continue;
+        }
+        match newest.iter_mut().find(|n| n.node_id == m.node_id) {
+            Some(n) if n.epoch < m.epoch => *n = m,
+            Some(_) => {}
+            None => newest.push(m),
+        }
+    }
+    let ids: Vec<&str> = newest.iter().map(|m| m.node_id.as_str()).collect();
+    (0..SLOTS)
+        .map(|slot| slots::owner_index(slot, &ids).map(|i| newest[i].epoch))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(epoch: u64, node: &str, state: MemberState, left_ms: i64) -> MemberRow {
+        MemberRow {
+            epoch,
+            node_id: node.into(),
+            advertise: format!("http://{node}"),
+            state,
+            lease_left_ms: left_ms,
+            sealer: None,
+            applied_seq: 0,
+            joined_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn only_live_members_with_a_lease_are_assigned_slots() {
+        let members = vec![
+            member(1, "a", MemberState::Live, 4000),
+            member(2, "b", MemberState::Live, -10),
+            member(3, "c", MemberState::Draining, 4000),
+            member(4, "d", MemberState::Live, 4000),
+        ];
+        let owners = desired_owners(&members, None);
+        assert!(owners.iter().all(|o| matches!(o, Some(1) | Some(4))));
+        let owners = desired_owners(&members, Some(4));
+        assert!(owners.iter().all(|o| *o == Some(1)));
+    }
+
+    #[test]
+    fn a_restarted_node_wins_over_its_old_incarnation() {
+        let members = vec![
+            member(5, "a", MemberState::Live, 1000),
+            member(9, "a", MemberState::Live, 5000),
+            member(6, "b", MemberState::Live, 5000),
+        ];
+        let owners = desired_owners(&members, None);
+        assert!(owners.iter().all(|o| matches!(o, Some(9) | Some(6))));
+        assert!(owners.contains(&Some(9)));
+    }
+}

@@ -1,0 +1,116 @@
+//! Taking over a member whose lease lapsed: seal its log in the bucket, index what
+//! it wrote and had not indexed, then free its slots.
+//!
+//! Why nothing it acknowledged is lost: it acknowledged object N only after every
+//! object before N was durable, and only while its lease held. The taker lists the
+//! log, indexes from the member's watermark on, and writes a seal create-only at
+//! the first missing number. If the member's upload of that number lands first, the
+//! seal finds the key taken and the taker indexes that object too and tries the
+//! next number. Once a seal is written the gap is permanent: the member's later
+//! uploads at or after it are never acknowledged (the one at the seal fails; the
+//! ones after it wait for it forever), and the taker indexed everything before it.
+//!
+//! Why a zombie cannot write the index: the store marks the member `Sealing` by the
+//! taker before the taker reads its log, and applies a member's objects only while
+//! it is running, or for its sealer.
+//!
+//! A taker that dies halfway leaves the member `Sealing`; once the taker's own lease
+//! lapses another member starts over (every step is idempotent).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::Cluster;
+use crate::error::Result;
+use crate::indexer::OnApplied;
+use crate::layout;
+use crate::meta::Meta;
+use crate::recovery;
+use crate::wal::format::SEAL_MAGIC;
+
+/// Objects indexed per metadata transaction during a takeover.
+const APPLY_BATCH: usize = 64;
+
+pub(crate) struct Takeover {
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) meta: Meta,
+    /// Told about the objects indexed (the packer packs them like its own).
+    pub(crate) on_applied: OnApplied,
+}
+
+impl Takeover {
+    /// Takes `dead` over if it is still up for it; the objects indexed, or `None`
+    /// when another member is on it or it recovered.
+    pub(crate) async fn run(&self, dead: u64) -> Result<Option<u64>> {
+        let c = &self.cluster;
+        let Some(applied) = c.coord.begin_takeover(c.epoch, dead).await? else {
+            return Ok(None);
+        };
+        tracing::info!(
+            epoch = dead,
+            from_seq = applied,
+            "taking over a member: sealing its log"
+        );
+        let listed = self.list(dead).await?;
+        let mut seq = applied;
+        let mut batch = Vec::with_capacity(APPLY_BATCH);
+        let mut indexed = 0;
+        loop {
+            let key = layout::wal_key(dead, seq);
+            if !listed.contains(&seq) && recovery::seal(&*self.store, &key, c.epoch).await? {
+                break;
+            }
+            // The object exists (listed, or it landed while we tried to seal).
+            let bytes = self
+                .store
+                .get(&Path::from(key.as_str()))
+                .await?
+                .bytes()
+                .await?;
+            if bytes.starts_with(SEAL_MAGIC) {
+                break;
+            }
+            batch.push(recovery::decode(&key, &bytes)?);
+            if batch.len() == APPLY_BATCH {
+                indexed += self.apply(&mut batch).await?;
+            }
+            seq += 1;
+        }
+        indexed += self.apply(&mut batch).await?;
+        c.coord.finish_takeover(c.epoch, dead).await?;
+        c.stats.takeovers.inc();
+        c.stats.takeover_objects.add(indexed);
+        Ok(Some(indexed))
+    }
+
+    async fn apply(&self, batch: &mut Vec<crate::wal::FlushedObject>) -> Result<u64> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        self.meta.apply(batch).await?;
+        (self.on_applied)(batch);
+        let n = batch.len() as u64;
+        batch.clear();
+        Ok(n)
+    }
+
+    /// The sequence numbers in `epoch`'s log.
+    async fn list(&self, epoch: u64) -> Result<BTreeSet<u64>> {
+        let prefix = Path::from(layout::wal_epoch_prefix(epoch));
+        let mut seqs = BTreeSet::new();
+        let mut listing = self.store.list(Some(&prefix));
+        while let Some(object) = listing.try_next().await? {
+            if let Some((e, seq)) = layout::parse_wal_key(object.location.as_ref()) {
+                if e == epoch {
+                    seqs.insert(seq);
+                }
+            }
+        }
+        Ok(seqs)
+    }
+}

@@ -1,0 +1,326 @@
+//! The stream service's side of a cluster: it serves only the streams of the slots
+//! this node owns; it settles a slot's streams before the slot is handed over; it
+//! reads fork sources owned elsewhere through the index, and asks their owners to
+//! pin fork points and to cascade deletes; it takes stream ids from blocks the
+//! coordinator reserves (ids are unique across the cluster).
+//!
+//! Why a fork of a source owned elsewhere is safe: the source's owner pins the fork
+//! point under its lifecycle lock after its index holds the source's data up to the
+//! point, and counts the pin as a fork when deciding whether a delete is soft. The
+//! fork's creator releases the pin once the fork itself is in the index (where every
+//! node's fork count sees it); a pin not released in [`PIN_TTL`] lapses.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::handle::{Lifecycle, StreamHandle};
+use crate::cluster::{slot_of, Cluster, ForkPin, Peers, PinnedFork};
+use crate::error::{EngineError, Result};
+use crate::offset::Offset;
+use crate::stream::Service;
+
+/// How long a fork pin lasts unreleased (a fork's creation takes milliseconds;
+/// this covers its creator dying and being taken over).
+const PIN_TTL: Duration = Duration::from_secs(60);
+/// How long a fork source owned elsewhere is read from one copy of its row.
+const SNAPSHOT_TTL: Duration = Duration::from_secs(1);
+/// Snapshots kept at most (then the oldest half goes).
+const SNAPSHOTS_MAX: usize = 4096;
+/// Stream ids reserved from the coordinator at a time.
+const ID_BLOCK: u64 = 1000;
+
+/// What the service keeps for the cluster.
+pub(crate) struct ClusterSide {
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) peers: OnceLock<Arc<dyn Peers>>,
+    pins: Mutex<Pins>,
+    snapshots: Mutex<HashMap<u64, (Instant, Arc<StreamHandle>)>>,
+    ids: Mutex<std::ops::Range<u64>>,
+    ids_refill: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Pins {
+    next: u64,
+    /// Source id -> (pin, expiry).
+    by_source: HashMap<u64, Vec<(u64, Instant)>>,
+}
+
+impl ClusterSide {
+    pub(crate) fn new(cluster: Arc<Cluster>) -> ClusterSide {
+        ClusterSide {
+            cluster,
+            peers: OnceLock::new(),
+            pins: Mutex::default(),
+            snapshots: Mutex::default(),
+            ids: Mutex::new(0..0),
+            ids_refill: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn peers(&self) -> Result<&Arc<dyn Peers>> {
+        self.peers
+            .get()
+            .ok_or_else(|| EngineError::Unavailable("cluster peers are not connected yet".into()))
+    }
+
+    /// The base URL of the member serving `name`, or 503 while nobody does.
+    fn owner_url(&self, name: &str) -> Result<String> {
+        self.cluster.owner_url(slot_of(name)).ok_or_else(|| {
+            EngineError::Unavailable("the stream is moving between nodes; retry in a moment".into())
+        })
+    }
+
+    fn live_pins(&self, source_id: u64) -> usize {
+        let mut pins = self.pins.lock().expect("fork pins");
+        let now = Instant::now();
+        let Some(list) = pins.by_source.get_mut(&source_id) else {
+            return 0;
+        };
+        list.retain(|(_, until)| *until > now);
+        let n = list.len();
+        if n == 0 {
+            pins.by_source.remove(&source_id);
+        }
+        n
+    }
+}
+
+impl Service {
+    pub(crate) fn cluster_side(&self) -> Option<&ClusterSide> {
+        self.inner.cluster.as_ref()
+    }
+
+    /// The cluster this node is a member of, if any.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.inner.cluster.as_ref().map(|c| &c.cluster)
+    }
+
+    /// Connects the calls to other members (the edge provides them).
+    pub fn set_peers(&self, peers: Arc<dyn Peers>) {
+        if let Some(side) = self.cluster_side() {
+            let _ = side.peers.set(peers);
+        }
+    }
+
+    /// Whether this node serves the stream `name` (always, outside a cluster).
+    pub(crate) fn serves(&self, name: &str) -> bool {
+        self.cluster().is_none_or(|c| c.owns(slot_of(name)))
+    }
+
+    /// `Err(NotOwner)` unless this node serves `name`.
+    pub(crate) fn check_owner(&self, name: &str) -> Result<()> {
+        match self.cluster() {
+            Some(c) => c.check_owner(name),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the active streams of `slots` out of service and waits until every op
+    /// they submitted is durable and indexed; they are then dropped from memory, and
+    /// the next owner loads them from the index as they are.
+    pub(crate) async fn settle_slots(&self, slots: &[u32]) -> Result<()> {
+        let slots: HashSet<u32> = slots.iter().copied().collect();
+        let handles = self
+            .inner
+            .registry
+            .filter(|h| slots.contains(&slot_of(&h.config.name)));
+        let last_ops: Vec<u64> = handles.iter().map(|h| h.retire()).collect();
+        for (handle, last) in handles.iter().zip(last_ops) {
+            if last > 0 && handle.view().op < last {
+                self.wait_durable(handle, last).await?;
+            }
+        }
+        self.index_barrier().await?;
+        let mut touched = Vec::with_capacity(handles.len());
+        for handle in &handles {
+            self.inner.registry.remove(handle);
+            touched.push((handle.config.id, handle.last_access_ms()));
+        }
+        self.inner.meta.touch(&touched).await?;
+        Ok(())
+    }
+
+    /// The handle to read a fork source `id` through: the active one, or for a
+    /// source owned elsewhere a copy of its row (never registered: only its data
+    /// below fork points, which is immutable and indexed, is read through it).
+    pub(crate) async fn source_handle(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {
+        let Some(side) = self.cluster_side() else {
+            return self.lookup_id(id).await;
+        };
+        if let Some(h) = self.inner.registry.by_id(id) {
+            if !h.view().evicted {
+                return Ok(Some(h));
+            }
+        }
+        if let Some((at, h)) = side.snapshots.lock().expect("snapshots").get(&id) {
+            if at.elapsed() < SNAPSHOT_TTL {
+                return Ok(Some(h.clone()));
+            }
+        }
+        let Some(row) = self.inner.meta.stream_by_id(id).await? else {
+            return Ok(None);
+        };
+        if self.serves(&row.name) {
+            return self.lookup_id(id).await;
+        }
+        let handle = self.handle_from_row(row, HashMap::new())?;
+        let mut snapshots = side.snapshots.lock().expect("snapshots");
+        if snapshots.len() >= SNAPSHOTS_MAX {
+            let now = Instant::now();
+            snapshots.retain(|_, (at, _)| now.duration_since(*at) < SNAPSHOT_TTL);
+        }
+        snapshots.insert(id, (Instant::now(), handle.clone()));
+        Ok(Some(handle))
+    }
+
+    /// The id of the live stream `name` wherever it is served (a fork's source).
+    pub(crate) async fn stream_id_anywhere(&self, name: &str) -> Result<Option<u64>> {
+        if self.serves(name) {
+            return Ok(self.lookup(name).await?.map(|h| h.config.id));
+        }
+        Ok(self
+            .inner
+            .meta
+            .stream_by_name(name)
+            .await?
+            .filter(|row| !row.soft_deleted)
+            .map(|row| row.id))
+    }
+
+    /// A new stream's id: the node's counter, or in a cluster the next id of a
+    /// block reserved from the coordinator.
+    pub(crate) async fn new_stream_id(&self) -> Result<u64> {
+        let Some(side) = self.cluster_side() else {
+            return Ok(self
+                .inner
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        };
+        loop {
+            if let Some(id) = side.ids.lock().expect("id block").next() {
+                return Ok(id);
+            }
+            let _refill = side.ids_refill.lock().await;
+            if !side.ids.lock().expect("id block").is_empty() {
+                continue;
+            }
+            let first = side.cluster.coord.reserve_ids(ID_BLOCK).await?;
+            *side.ids.lock().expect("id block") = first..first + ID_BLOCK;
+        }
+    }
+
+    /// Fork pins on `source_id` that a delete must count as forks.
+    pub(crate) fn fork_pins(&self, source_id: u64) -> u64 {
+        self.cluster_side()
+            .map_or(0, |s| s.live_pins(source_id) as u64)
+    }
+
+    /// Pins a fork point on a stream this node serves, for a fork created on
+    /// another node (see the module header).
+    pub async fn pin_fork(&self, pin: &ForkPin) -> Result<PinnedFork> {
+        let side = self
+            .cluster_side()
+            .ok_or_else(|| EngineError::bad_request("this node is not in a cluster"))?;
+        let _guard = self.inner.lifecycle.lock().await;
+        let source = self
+            .lookup_in(&pin.source, true)
+            .await?
+            .ok_or(EngineError::ForkSourceNotFound)?;
+        let resolved = self
+            .resolve_fork(
+                &source,
+                pin.offset.map(Offset),
+                pin.sub_offset,
+                pin.content_type.as_deref(),
+            )
+            .await?;
+        self.index_barrier().await?;
+        let mut pins = side.pins.lock().expect("fork pins");
+        pins.next += 1;
+        let id = pins.next;
+        pins.by_source
+            .entry(source.config.id)
+            .or_default()
+            .push((id, Instant::now() + PIN_TTL));
+        Ok(PinnedFork {
+            pin: id,
+            source_id: source.config.id,
+            content_type: resolved.content_type,
+            ttl_secs: resolved.ttl_secs,
+            expires_at: resolved.expires_at,
+            point: resolved.point.0,
+        })
+    }
+
+    /// Releases a fork pin (see [`Service::pin_fork`]).
+    pub fn unpin_fork(&self, source_id: u64, pin: u64) {
+        if let Some(side) = self.cluster_side() {
+            let mut pins = side.pins.lock().expect("fork pins");
+            if let Some(list) = pins.by_source.get_mut(&source_id) {
+                list.retain(|(p, _)| *p != pin);
+            }
+        }
+    }
+
+    /// Asks the owner of the fork source `pin.source` to pin the fork point.
+    pub(crate) async fn pin_remote_fork(&self, pin: &ForkPin) -> Result<(String, PinnedFork)> {
+        let side = self.cluster_side().expect("called in a cluster");
+        let url = side.owner_url(&pin.source)?;
+        let pinned = side.peers()?.pin_fork(&url, pin).await?;
+        Ok((url, pinned))
+    }
+
+    /// Once the fork created here is in the index, releases its pin at `url`.
+    pub(crate) fn unpin_remote_fork(&self, url: String, source_id: u64, pin: u64) {
+        let (service, side) = (self.clone(), self.cluster_side().expect("in a cluster"));
+        let Ok(peers) = side.peers().cloned() else {
+            return;
+        };
+        tokio::spawn(async move {
+            if service.index_barrier().await.is_ok() {
+                if let Err(e) = peers.unpin_fork(&url, source_id, pin).await {
+                    tracing::debug!(error = %e, "releasing a fork pin failed; it lapses by itself");
+                }
+            }
+        });
+    }
+
+    /// After a fork was hard-deleted here: its source `source` (a copy of its row)
+    /// is served elsewhere; ask its owner to delete it if that was its last fork.
+    pub(crate) fn cascade_remote(&self, source: &StreamHandle) {
+        let Some(side) = self.cluster_side() else {
+            return;
+        };
+        let (Ok(url), Ok(peers)) = (side.owner_url(&source.config.name), side.peers().cloned())
+        else {
+            tracing::warn!(source = %source.config.name, "a deleted fork's source could not be reached; its owner's retention pass deletes it later");
+            return;
+        };
+        let id = source.config.id;
+        tokio::spawn(async move {
+            if let Err(e) = peers.cascade(&url, id).await {
+                tracing::warn!(error = %e, "asking a fork source's owner to delete it failed");
+            }
+        });
+    }
+
+    /// A fork of `source_id` was deleted on another node: delete `source_id` (served
+    /// here) if it is soft-deleted and that was its last fork.
+    pub async fn cascade_from_peer(&self, source_id: u64) -> Result<()> {
+        let _guard = self.inner.lifecycle.lock().await;
+        let Some(source) = self.lookup_id(source_id).await? else {
+            return Ok(());
+        };
+        if source.view().lifecycle != Lifecycle::SoftDeleted
+            || self.inner.meta.fork_count(source_id).await? > 0
+            || self.fork_pins(source_id) > 0
+        {
+            return Ok(());
+        }
+        self.delete_locked(source).await
+    }
+}
