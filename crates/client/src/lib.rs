@@ -348,7 +348,7 @@ fn trust_nothing() -> rustls::ClientConfig {
 
 /// Client TLS with the ring provider (the one the server uses): trust the
 /// certificates in `ca_cert`, or else the system's trust store.
-fn tls_config(ca_cert: Option<&Path>) -> Result<rustls::ClientConfig, ClientError> {
+pub fn tls_config(ca_cert: Option<&Path>) -> Result<rustls::ClientConfig, ClientError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
     use rustls_platform_verifier::BuilderVerifierExt;

@@ -99,6 +99,8 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
                     .with_header(header::RETRY_AFTER, 1)
             }
+            E::NotOwner => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_owner", message)
+                .with_header(header::RETRY_AFTER, 1),
             E::Internal(_) => {
                 tracing::error!(error = %message, "internal error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

@@ -3,6 +3,7 @@
 //! browser headers are applied here, once; `server` owns connections (TLS, timeouts).
 
 pub mod auth;
+pub mod cluster;
 pub mod cursor;
 pub mod digits;
 pub mod ds;
@@ -64,6 +65,17 @@ pub struct HttpConfig {
     pub live_readers_per_stream_max: usize,
     /// Concurrent live reads with one token.
     pub live_readers_per_token_max: usize,
+    /// A cluster member's routing: how clients reach a stream's owner, and the key
+    /// members call each other with. `None` outside a cluster.
+    pub cluster: Option<ClusterRouting>,
+}
+
+/// How a cluster member's edge routes.
+#[derive(Clone, Debug)]
+pub struct ClusterRouting {
+    pub mode: cluster::RouteMode,
+    /// The cluster key (see `cluster::peers`).
+    pub key: String,
 }
 
 impl Default for HttpConfig {
@@ -80,6 +92,7 @@ impl Default for HttpConfig {
             rate_limit_token: None,
             live_readers_per_stream_max: 10_000,
             live_readers_per_token_max: 10_000,
+            cluster: None,
         }
     }
 }
@@ -140,6 +153,8 @@ pub struct AppState {
     pub trusted_proxies: Vec<limits::IpRange>,
     pub token_limiter: Option<RateLimiter<String>>,
     pub live: Arc<LiveReaders>,
+    /// A cluster member's routing (proxy or redirect) and peer key.
+    pub cluster: Option<cluster::ClusterEdge>,
 }
 
 pub fn router(engine: Engine, config: HttpConfig) -> Api {
@@ -149,6 +164,22 @@ pub fn router(engine: Engine, config: HttpConfig) -> Api {
 /// The API's service, and the admin router for `--admin-listen` (`/metrics`,
 /// `/healthz` and `/readyz` only), sharing one state.
 pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
+    let edge = match (&config.cluster, engine.cluster()) {
+        (Some(routing), Some(_)) => {
+            engine.set_peers(Arc::new(cluster::peers::PeerClient::new(
+                routing.key.clone(),
+            )));
+            Some(cluster::ClusterEdge {
+                node_id: HeaderValue::from_str(&engine.cluster().expect("a member").config.node_id)
+                    .expect("node ids are printable ASCII"),
+                mode: routing.mode,
+                proxy: cluster::Proxy::new().expect("TLS with the system's trust store"),
+                key: routing.key.clone(),
+                stats: cluster::EdgeStats::default(),
+            })
+        }
+        _ => None,
+    };
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -173,6 +204,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
             config.live_readers_per_stream_max,
             config.live_readers_per_token_max,
         ),
+        cluster: edge,
     });
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
@@ -194,6 +226,12 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
             auth::endpoints::READ_TOKENS_PATH,
             post(auth::endpoints::mint_read_token),
         )
+        .route(cluster::nodes::NODES_PATH, get(cluster::nodes::list))
+        .route(cluster::nodes::DRAIN_PATH, post(cluster::nodes::drain))
+        .route(cluster::nodes::RESUME_PATH, post(cluster::nodes::resume))
+        .route(cluster::peers::PIN_PATH, post(cluster::peers::pin))
+        .route(cluster::peers::UNPIN_PATH, post(cluster::peers::unpin))
+        .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
         .fallback(ds::handle);
     if state.guarded {
         admin = admin.layer(axum::middleware::from_fn_with_state(state.clone(), guard));
@@ -254,7 +292,13 @@ impl Api {
             return answer.unwrap_or_else(|never| match never {});
         }
         let head = req.method() == Method::HEAD;
+        let node_id = self.app.cluster.as_ref().map(|edge| edge.node_id.clone());
         let mut resp = ds::handle(State(self.app), req).await.into_response();
+        // A cluster member names itself on what it served (a forwarded answer keeps
+        // the owner's name): who served what, for operators and tests.
+        if let Some(id) = node_id {
+            resp.headers_mut().entry(cluster::SERVED_BY).or_insert(id);
+        }
         // What axum's router does to every handler's answer, as it still does for
         // the server's own paths: a Content-Length from an exactly sized body, set
         // before a HEAD's body is dropped.
@@ -544,6 +588,16 @@ async fn readyz(State(app): State<Arc<AppState>>) -> Response<Body> {
         _ if app.shutdown.is_fired() => (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: shutting down\n".to_string(),
+        ),
+        _ if app.engine.cluster().is_some_and(|c| c.is_draining()) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: draining (its streams go to the other nodes; it forwards what it gets)\n"
+                .to_string(),
+        ),
+        _ if app.engine.cluster().is_some_and(|c| !c.lease.is_valid()) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no valid cluster lease (Postgres unreachable, or this node was taken over)\n"
+                .to_string(),
         ),
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),

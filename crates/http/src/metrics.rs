@@ -30,6 +30,9 @@ pub async fn metrics(
     }
     let mut out = Exposition::new();
     app.engine.write_metrics(&mut out).await;
+    if let Some(edge) = &app.cluster {
+        picomq_engine::metrics::Source::export(&edge.stats, &mut out);
+    }
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

@@ -190,6 +190,9 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// How often a cluster member re-reads the tokens (see [`Auth::follow_store`]).
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct Auth {
     /// Where tokens are stored (durably, through the WAL) and the node's clock.
     engine: Engine,
@@ -243,6 +246,44 @@ impl Auth {
             quota: quota::NamespaceQuota::default(),
             config,
         })
+    }
+
+    /// On a cluster member: re-reads the tokens from the shared metadata store every
+    /// [`FOLLOW_EVERY`], so tokens made or revoked through other members work here
+    /// too (within that delay). Runs until `shutdown`.
+    pub async fn follow_store(self: Arc<Auth>, shutdown: crate::ShutdownSignal) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(FOLLOW_EVERY) => {}
+                () = shutdown.fired() => return,
+            }
+            let rows = match self.engine.tokens().await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, "re-reading tokens failed; retrying");
+                    continue;
+                }
+            };
+            let _guard = self.changes.lock().await;
+            let mut revoked = false;
+            let mut tokens = self.write();
+            for row in &rows {
+                let Ok(token) = Token::from_record(row) else {
+                    continue;
+                };
+                let known = tokens.by_id.get(&token.id);
+                if known.is_some_and(|k| k.revoked_ms.is_none() && token.revoked_ms.is_some()) {
+                    revoked = true;
+                }
+                if known.is_none_or(|k| k.revoked_ms.is_none() || token.revoked_ms.is_some()) {
+                    tokens.insert(Arc::new(token));
+                }
+            }
+            drop(tokens);
+            if revoked {
+                self.revocations.send_modify(|n| *n += 1);
+            }
+        }
     }
 
     /// Sets the bootstrap admin token from `secret` (the `--bootstrap-token-file`):

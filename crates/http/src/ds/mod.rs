@@ -69,6 +69,20 @@ pub async fn handle(
     // The name as the engine takes it: checked once, here.
     let max = app.engine.config().stream_name_bytes_max;
     let name = StreamName::new(name, max).map_err(ApiError::from)?;
+    // In a cluster, the member serving the stream answers (see `cluster`). Boxed:
+    // a single node's requests do not carry the routing's future.
+    let body = if app.cluster.is_none() {
+        body
+    } else {
+        match Box::pin(crate::cluster::route(
+            &app, &name, &method, &uri, &headers, body,
+        ))
+        .await?
+        {
+            crate::cluster::Decision::Here(body) => body,
+            crate::cluster::Decision::Answered(response) => return Ok(response),
+        }
+    };
     // Every request's future is as large as its largest branch and is moved into a
     // box per request: the append's branch is inline, the others are boxed, so an
     // append's future is 3,456 bytes instead of 5,096 (with the engine's rare

@@ -274,6 +274,11 @@ impl Pump {
             }
         };
         app.engine.touch(&self.stream);
+        // The stream moved to another node: end here; the client resumes from the
+        // last control event, and the new request goes to the new owner.
+        if let WaitOutcome::Moved = outcome {
+            return Ok(false);
+        }
         if let WaitOutcome::TimedOut = outcome {
             if self.started.elapsed() >= app.sse_max_duration {
                 return Ok(false);

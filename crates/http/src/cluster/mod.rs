@@ -1,0 +1,219 @@
+//! The edge of a cluster member: a request for a stream that another member serves
+//! goes there, forwarded (the default) or redirected (`--route redirect`), with at
+//! most one extra hop; the members' calls to each other (`peers`); the nodes
+//! endpoint (`nodes`). Which member serves what is the engine's (`Engine::cluster`).
+//!
+//! At most one hop: a forwarded request carries [`FORWARDED_BY`]. A member that gets
+//! one for a stream it does not serve never forwards it again: it reads the slot's
+//! owner from the store (the sender may know of a hand-over this member has not
+//! seen yet), serves it if the slot is now its own, and otherwise answers 503 with
+//! `Retry-After` (the client's retry is routed afresh).
+
+pub mod nodes;
+pub mod peers;
+mod proxy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Response, StatusCode, Uri};
+use picomq_engine::cluster::{slot_of, Cluster, Route};
+use picomq_engine::metrics::{Counter, Desc, Exposition, Source};
+
+use crate::error::ApiError;
+use crate::AppState;
+pub use proxy::Proxy;
+
+/// Set on a request one member forwards to another: the sender's node id.
+pub const FORWARDED_BY: &str = "picomq-forwarded-by";
+/// Set on every stream answer of a cluster member: the node id of the member that
+/// served it (a forwarded answer carries the owner's).
+pub const SERVED_BY: &str = "picomq-served-by";
+/// How members prove to each other that a call comes from the cluster.
+pub const CLUSTER_KEY: &str = "picomq-cluster-key";
+
+/// How long a request waits for a stream to get a live owner (a hand-over, a
+/// takeover after a member died) before it is answered 503.
+const OWNER_WAIT: Duration = Duration::from_secs(5);
+
+/// How a member sends a client to the stream's owner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouteMode {
+    /// Forward the request and stream the owner's answer back.
+    #[default]
+    Proxy,
+    /// Answer 307 with the owner's URL (clients that follow redirects re-send).
+    Redirect,
+}
+
+impl std::str::FromStr for RouteMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "proxy" => Ok(RouteMode::Proxy),
+            "redirect" => Ok(RouteMode::Redirect),
+            _ => Err(format!("{s:?}: use proxy or redirect")),
+        }
+    }
+}
+
+impl std::fmt::Display for RouteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RouteMode::Proxy => "proxy",
+            RouteMode::Redirect => "redirect",
+        })
+    }
+}
+
+/// What the edge of a member holds.
+pub struct ClusterEdge {
+    /// This member's node id, as the [`SERVED_BY`] header value.
+    pub node_id: axum::http::HeaderValue,
+    pub mode: RouteMode,
+    pub proxy: Proxy,
+    /// The key members present to each other ([`CLUSTER_KEY`]).
+    pub key: String,
+    pub stats: EdgeStats,
+}
+
+/// Where a stream request goes after routing.
+pub enum Decision {
+    /// Serve it here; the body is handed back untouched.
+    Here(Body),
+    /// Answered (forwarded, redirected, or refused).
+    Answered(Response<Body>),
+}
+
+/// Routes a stream request: `Here` when this member serves the stream (or no
+/// cluster), else the owner's answer.
+pub async fn route(
+    app: &Arc<AppState>,
+    name: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Decision, ApiError> {
+    let (Some(cluster), Some(edge)) = (app.engine.cluster(), app.cluster.as_ref()) else {
+        return Ok(Decision::Here(body));
+    };
+    let forwarded = headers.contains_key(FORWARDED_BY);
+    let slot = slot_of(name);
+    let deadline = tokio::time::Instant::now() + OWNER_WAIT;
+    let mut body = Some(body);
+    let mut buffered = None;
+    loop {
+        let route = match cluster.route(name) {
+            Route::Remote { .. } | Route::Unowned if forwarded => {
+                cluster.refresh_slot(slot).await?
+            }
+            other => other,
+        };
+        match route {
+            Route::Local => {
+                let body = match buffered.take() {
+                    Some(bytes) => Body::from(bytes),
+                    None => body.take().unwrap_or_else(Body::empty),
+                };
+                return Ok(Decision::Here(body));
+            }
+            Route::NoLease => return Err(no_lease()),
+            Route::Remote { url, node_id } if !forwarded => {
+                if edge.mode == RouteMode::Redirect {
+                    edge.stats.redirected.inc();
+                    return Ok(Decision::Answered(proxy::redirect(&url, uri)));
+                }
+                // The body is read once, so a failed attempt can be retried.
+                if buffered.is_none() {
+                    let limit = app.engine.config().append_bytes_max;
+                    let taken = body.take().unwrap_or_else(Body::empty);
+                    buffered =
+                        Some(crate::ds::read_body(taken, limit, app.body_read_timeout).await?);
+                }
+                let bytes = buffered.clone().expect("buffered above");
+                match edge
+                    .proxy
+                    .forward(&url, &cluster.config.node_id, method, uri, headers, bytes)
+                    .await
+                {
+                    Ok(resp) => {
+                        edge.stats.forwarded.inc();
+                        return Ok(Decision::Answered(resp));
+                    }
+                    Err(e) => {
+                        edge.stats.forward_failures.inc();
+                        tracing::debug!(owner = %node_id, error = %e, "forwarding failed; waiting for the stream's owner to change");
+                        if !wait_for_owner(cluster, deadline).await {
+                            return Err(ApiError::from(picomq_engine::EngineError::Unavailable(format!(
+                                "the node serving this stream ({node_id}) is unreachable ({e}); retry"
+                            ))));
+                        }
+                    }
+                }
+            }
+            Route::Remote { .. } | Route::Unowned => {
+                if !wait_for_owner(cluster, deadline).await {
+                    return Err(ApiError::from(picomq_engine::EngineError::NotOwner));
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the cluster table to change; `false` once `deadline` passed.
+async fn wait_for_owner(cluster: &Cluster, deadline: tokio::time::Instant) -> bool {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if left.is_zero() {
+        return false;
+    }
+    cluster.changed(left.min(Duration::from_millis(250))).await;
+    true
+}
+
+fn no_lease() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_lease",
+        "this node cannot renew its cluster lease (is Postgres reachable?), so it may not serve the streams it owns; retry",
+    )
+    .with_header(axum::http::header::RETRY_AFTER, 1)
+}
+
+static FORWARDED: Desc = Desc::counter(
+    "picomq_cluster_requests_forwarded_total",
+    "Stream requests this node forwarded to the node serving the stream.",
+);
+static REDIRECTED: Desc = Desc::counter(
+    "picomq_cluster_requests_redirected_total",
+    "Stream requests this node answered with a redirect to the node serving the stream.",
+);
+static FORWARD_FAILURES: Desc = Desc::counter(
+    "picomq_cluster_forward_failures_total",
+    "Forwarding attempts that could not reach the owner (retried once it changed, or 503).",
+);
+
+pub struct EdgeStats {
+    pub forwarded: Counter,
+    pub redirected: Counter,
+    pub forward_failures: Counter,
+}
+
+impl Default for EdgeStats {
+    fn default() -> Self {
+        EdgeStats {
+            forwarded: Counter::new(&FORWARDED),
+            redirected: Counter::new(&REDIRECTED),
+            forward_failures: Counter::new(&FORWARD_FAILURES),
+        }
+    }
+}
+
+impl Source for EdgeStats {
+    fn export(&self, out: &mut Exposition) {
+        out.counter(&self.forwarded)
+            .counter(&self.redirected)
+            .counter(&self.forward_failures);
+    }
+}

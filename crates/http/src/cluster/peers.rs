@@ -1,0 +1,203 @@
+//! Members' calls to each other, under `/__picomq/cluster/`: pinning a fork point
+//! on a source this member serves, releasing the pin, and cascading a delete to a
+//! soft-deleted source (see the engine's `stream::cluster`). Each call carries the
+//! cluster key ([`CLUSTER_KEY`]), which only members read from the metadata store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Response, StatusCode};
+use bytes::Bytes;
+use picomq_client::Client;
+use picomq_engine::cluster::{ForkPin, Peers, PinnedFork};
+use picomq_engine::{EngineError, Offset, Result as EngineResult};
+use serde::Deserialize;
+
+use super::CLUSTER_KEY;
+use crate::error::ApiError;
+use crate::AppState;
+
+pub const PIN_PATH: &str = "/__picomq/cluster/fork-pin";
+pub const UNPIN_PATH: &str = "/__picomq/cluster/fork-unpin";
+pub const CASCADE_PATH: &str = "/__picomq/cluster/cascade";
+
+#[derive(Deserialize, serde::Serialize)]
+pub struct Unpin {
+    pub source_id: u64,
+    pub pin: u64,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+pub struct Cascade {
+    pub source_id: u64,
+}
+
+/// The client side: calls another member with the cluster key.
+pub struct PeerClient {
+    key: String,
+    /// One client (and its connections) per member URL.
+    clients: std::sync::Mutex<std::collections::HashMap<String, Client>>,
+}
+
+impl PeerClient {
+    pub fn new(key: String) -> PeerClient {
+        PeerClient {
+            key,
+            clients: Default::default(),
+        }
+    }
+
+    fn client(&self, base: &str) -> Client {
+        let mut clients = self.clients.lock().expect("peer clients");
+        if clients.len() > 1024 {
+            clients.clear();
+        }
+        clients
+            .entry(base.to_string())
+            .or_insert_with(|| Client::new(base))
+            .clone()
+    }
+
+    async fn call(&self, base: &str, path: &str, body: String) -> EngineResult<Bytes> {
+        let client = self.client(base);
+        let headers = [
+            (CLUSTER_KEY, self.key.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let resp = client
+            .send(
+                picomq_client::HttpMethod::POST,
+                path,
+                &headers,
+                Bytes::from(body),
+            )
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("cluster member {base}: {e}")))?;
+        if resp.status.is_success() {
+            return Ok(resp.body);
+        }
+        Err(error_from(&resp))
+    }
+}
+
+/// The engine error a member's error answer stands for (statuses the engine's
+/// errors map to; see `error.rs`).
+fn error_from(resp: &picomq_client::Response) -> EngineError {
+    let message = resp.error_message();
+    let code = serde_json::from_slice::<serde_json::Value>(&resp.body)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    match (resp.status.as_u16(), code.as_str()) {
+        (404, "fork_source_not_found") | (404, "not_found") => EngineError::ForkSourceNotFound,
+        (410, "offset_trimmed") => {
+            let start = resp
+                .header("stream-start-offset")
+                .and_then(|s| Offset::parse(s).ok())
+                .unwrap_or(Offset::ZERO);
+            EngineError::Trimmed { start }
+        }
+        (410, _) => EngineError::Gone,
+        (409, _) => EngineError::Conflict(message),
+        (400, _) => EngineError::BadRequest(message),
+        (503, "not_owner") => EngineError::NotOwner,
+        _ => EngineError::Unavailable(format!(
+            "cluster member answered {}: {message}",
+            resp.status
+        )),
+    }
+}
+
+#[async_trait]
+impl Peers for PeerClient {
+    async fn pin_fork(&self, url: &str, pin: &ForkPin) -> EngineResult<PinnedFork> {
+        let body = serde_json::to_string(pin).expect("serializable");
+        let bytes = self.call(url, PIN_PATH, body).await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Internal(format!("fork pin answer from {url}: {e}")))
+    }
+
+    async fn unpin_fork(&self, url: &str, source_id: u64, pin: u64) -> EngineResult<()> {
+        let body = serde_json::to_string(&Unpin { source_id, pin }).expect("serializable");
+        self.call(url, UNPIN_PATH, body).await.map(|_| ())
+    }
+
+    async fn cascade(&self, url: &str, source_id: u64) -> EngineResult<()> {
+        let body = serde_json::to_string(&Cascade { source_id }).expect("serializable");
+        self.call(url, CASCADE_PATH, body).await.map(|_| ())
+    }
+}
+
+/// Equal bytes, compared without an early exit (the time says nothing of how much
+/// of a guess was right).
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses a call without this cluster's key (compared in constant time).
+fn check_key(app: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let expected = app.cluster.as_ref().map(|e| e.key.as_bytes());
+    let given = headers.get(CLUSTER_KEY).map(|v| v.as_bytes());
+    match (expected, given) {
+        (Some(e), Some(g)) if same_key(e, g) => Ok(()),
+        (None, _) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_in_cluster",
+            "this node is not a cluster member",
+        )),
+        _ => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "cluster calls need the cluster key",
+        )),
+    }
+}
+
+/// Bodies of cluster calls are a few fields of JSON.
+const BODY_BYTES_MAX: usize = 64 << 10;
+
+async fn json_body<T: for<'de> Deserialize<'de>>(
+    app: &AppState,
+    body: Body,
+) -> Result<T, ApiError> {
+    let bytes = crate::ds::read_body(body, BODY_BYTES_MAX, app.body_read_timeout).await?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!("cluster call body is not the expected JSON: {e}"))
+    })
+}
+
+pub async fn pin(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let req: ForkPin = json_body(&app, body).await?;
+    let pinned = app.engine.pin_fork(&req).await?;
+    let value = serde_json::to_value(pinned).expect("serializable");
+    Ok(crate::json_response(StatusCode::OK, value))
+}
+
+pub async fn unpin(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let req: Unpin = json_body(&app, body).await?;
+    app.engine.unpin_fork(req.source_id, req.pin);
+    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+}
+
+pub async fn cascade(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let req: Cascade = json_body(&app, body).await?;
+    app.engine.cascade_from_peer(req.source_id).await?;
+    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+}
