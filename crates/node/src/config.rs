@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use picomq_engine::cluster::ClusterConfig;
 use picomq_engine::EngineConfig;
 use picomq_http::auth::AuthConfig;
 use picomq_http::server::ServerOptions;
@@ -61,7 +62,22 @@ pub struct Config {
     /// Upper bound on a graceful stop: in-flight requests get three quarters of it,
     /// the WAL flush the rest.
     pub shutdown_timeout: Duration,
+    /// A cluster member's base URL for the other members; `None`: the scheme and
+    /// the address it listens on (which must then be a specific address).
+    pub advertise: Option<String>,
+    /// A cluster member's stable name (its share of the streams follows it across
+    /// restarts); `None`: the advertised URL's host and port.
+    pub node_id: Option<String>,
+    /// How a member sends requests for streams another member serves.
+    pub route: picomq_http::cluster::RouteMode,
+    /// How long a member's lease lasts unrenewed (others take over after it).
+    pub lease: Duration,
 }
+
+/// Bounds of `--lease`: renewals must fit in it several times over Postgres round
+/// trips, and a dead member's streams wait that long.
+const LEASE_MIN: Duration = Duration::from_secs(1);
+const LEASE_MAX: Duration = Duration::from_secs(300);
 
 impl Default for Config {
     fn default() -> Self {
@@ -84,6 +100,10 @@ impl Default for Config {
             allow_unauthenticated_public: false,
             tls: None,
             shutdown_timeout: Duration::from_secs(20),
+            advertise: None,
+            node_id: None,
+            route: picomq_http::cluster::RouteMode::Proxy,
+            lease: Duration::from_secs(5),
         }
     }
 }
@@ -153,6 +173,27 @@ impl Config {
         if self.auth_limits.streams_per_namespace_max == Some(0) {
             return Err("--max-streams-per-namespace must be greater than 0".into());
         }
+        if !(LEASE_MIN..=LEASE_MAX).contains(&self.lease) {
+            return Err(format!(
+                "--lease must be between {}s and {}s",
+                LEASE_MIN.as_secs(),
+                LEASE_MAX.as_secs()
+            ));
+        }
+        if let Some(url) = &self.advertise {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || url.parse::<axum::http::Uri>().is_err()
+            {
+                return Err(format!(
+                    "--advertise {url:?}: give a base URL such as http://10.0.0.5:4437"
+                ));
+            }
+        }
+        if let Some(id) = &self.node_id {
+            if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err("--node-id must be 1 to 128 printable ASCII characters".into());
+            }
+        }
         if self.engine.read_budget < Duration::from_millis(10) {
             return Err("--read-budget must be at least 10ms".into());
         }
@@ -194,6 +235,51 @@ impl Config {
 
     fn absolute_data_dir(&self) -> Result<PathBuf, String> {
         std::path::absolute(&self.data_dir).map_err(|e| format!("--data-dir: {e}"))
+    }
+
+    /// Whether the metadata store is shared by a cluster (Postgres).
+    pub fn is_cluster(&self) -> bool {
+        self.meta
+            .as_deref()
+            .is_some_and(picomq_engine::meta::is_shared_url)
+    }
+
+    /// A cluster member's settings, for one listening at `listen`.
+    pub fn cluster_config(&self, listen: SocketAddr) -> Result<Option<ClusterConfig>, String> {
+        if !self.is_cluster() {
+            if self.advertise.is_some() || self.node_id.is_some() {
+                return Err(
+                    "--advertise and --node-id are for cluster members: give --meta postgres://..."
+                        .into(),
+                );
+            }
+            return Ok(None);
+        }
+        let advertise = match &self.advertise {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None if listen.ip().is_unspecified() => {
+                return Err(format!(
+                    "listening on {listen} (every address): give --advertise, the URL other nodes reach this one at"
+                ))
+            }
+            None => {
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://{listen}")
+            }
+        };
+        let node_id = match &self.node_id {
+            Some(id) => id.clone(),
+            None => advertise
+                .split_once("://")
+                .map_or(advertise.as_str(), |(_, rest)| rest)
+                .trim_end_matches('/')
+                .to_string(),
+        };
+        Ok(Some(ClusterConfig {
+            node_id,
+            advertise,
+            lease: self.lease,
+        }))
     }
 
     /// The engine's settings with what depends on the stores filled in.

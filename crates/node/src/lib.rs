@@ -212,21 +212,15 @@ impl Started {
             tls,
             state,
         } = self;
-        let engine_config = config.engine_config()?;
-        let open = recover(engine_config, opened, meta);
+        let mut engine_config = config.engine_config()?;
+        let listen = listener.local_addr().map_err(|e| e.to_string())?;
+        engine_config.cluster = config.cluster_config(listen)?;
+        let open = recover(engine_config.clone(), opened.clone(), meta.clone());
         let engine = tokio::select! {
             r = open => r?,
             _ = &mut *stop => {
                 tracing::info!("stopped during recovery");
                 return Ok(());
-            }
-        };
-        // Tokens load after recovery: it may have restored them from the bucket.
-        let auth = match open_auth(&config, engine.clone()).await {
-            Ok(auth) => auth,
-            Err(e) => {
-                engine.shutdown().await;
-                return Err(e);
             }
         };
         recovering.stop().await;
@@ -237,12 +231,129 @@ impl Started {
             }
             None => None,
         };
+        let ports = Ports::new(listener, admin)?;
+        let mut current = match Incarnation::start(&config, engine, &ports, &tls).await {
+            Ok(current) => current,
+            Err((engine, e)) => {
+                engine.shutdown().await;
+                return Err(e);
+            }
+        };
+        state.send_replace(State::Ready(current.engine.clone()));
+        loop {
+            let in_cluster = current.engine.cluster().is_some();
+            tokio::select! {
+                _ = &mut *stop => break,
+                r = &mut current.server => {
+                    current.engine.shutdown().await;
+                    return Err(format!("server stopped: {r:?}"));
+                }
+                () = current.engine.fenced(), if in_cluster => {
+                    tracing::warn!("this member was taken over by another node (its lease lapsed while it was away): rejoining as a new member");
+                    let engine = recover(engine_config.clone(), opened.clone(), meta.clone()).await?;
+                    let next = match Incarnation::start(&config, engine, &ports, &tls).await {
+                        Ok(next) => next,
+                        Err((engine, e)) => {
+                            engine.shutdown().await;
+                            return Err(e);
+                        }
+                    };
+                    state.send_replace(State::Ready(next.engine.clone()));
+                    let old = std::mem::replace(&mut current, next);
+                    tokio::spawn(old.retire());
+                }
+            }
+        }
+        stop_gracefully(
+            &current.engine,
+            current.trigger,
+            current.server,
+            config.shutdown_timeout,
+        )
+        .await
+    }
+}
+
+/// The node's listening sockets, kept so that a new incarnation of the node (a
+/// cluster member rejoining after it was taken over) serves on the same ports.
+struct Ports {
+    api: std::net::TcpListener,
+    admin: Option<std::net::TcpListener>,
+}
+
+impl Ports {
+    fn new(api: TcpListener, admin: Option<TcpListener>) -> Result<Ports, String> {
+        let std = |l: TcpListener| l.into_std().map_err(|e| e.to_string());
+        Ok(Ports {
+            api: std(api)?,
+            admin: admin.map(std).transpose()?,
+        })
+    }
+
+    /// A handle on a port for one more accept loop.
+    fn listener(l: &std::net::TcpListener) -> Result<TcpListener, String> {
+        let l = l.try_clone().map_err(|e| e.to_string())?;
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        TcpListener::from_std(l).map_err(|e| e.to_string())
+    }
+}
+
+/// One engine with its edge and accept loops.
+struct Incarnation {
+    engine: Engine,
+    trigger: ShutdownTrigger,
+    server: JoinHandle<()>,
+}
+
+impl Incarnation {
+    /// Opens the tokens, builds the edge and serves on `ports`; on failure the
+    /// engine comes back for the caller to shut down.
+    async fn start(
+        config: &Config,
+        engine: Engine,
+        ports: &Ports,
+        tls: &Option<Arc<Tls>>,
+    ) -> Result<Incarnation, (Engine, String)> {
+        match Incarnation::serve(config, engine.clone(), ports, tls).await {
+            Ok((trigger, server)) => Ok(Incarnation {
+                engine,
+                trigger,
+                server,
+            }),
+            Err(e) => Err((engine, e)),
+        }
+    }
+
+    async fn serve(
+        config: &Config,
+        engine: Engine,
+        ports: &Ports,
+        tls: &Option<Arc<Tls>>,
+    ) -> Result<(ShutdownTrigger, JoinHandle<()>), String> {
+        // Tokens load after recovery: it may have restored them from the bucket.
+        let auth = open_auth(config, engine.clone()).await?;
         let (trigger, shutdown) = ShutdownSignal::new();
         let mut http = config.http.clone();
         http.shutdown = shutdown.clone();
+        if let Some(cluster) = engine.cluster() {
+            let key = cluster
+                .key()
+                .await
+                .map_err(|e| format!("reading the cluster key: {e}"))?;
+            http.cluster = Some(picomq_http::ClusterRouting {
+                mode: config.route,
+                key,
+            });
+            if let Some(auth) = &auth {
+                // Tokens made or revoked on other members reach this one.
+                tokio::spawn(auth.clone().follow_store(shutdown.clone()));
+            }
+            tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
+        }
         http.auth = auth;
         let (app, admin_routes) = picomq_http::routers(engine.clone(), http);
-        if let Some(admin) = admin {
+        if let Some(admin) = &ports.admin {
+            let admin = Ports::listener(admin)?;
             let addr = admin.local_addr().map_err(|e| e.to_string())?;
             tracing::info!(admin_listen = %addr, "serving /metrics, /healthz and /readyz");
             let stop = shutdown.clone();
@@ -252,6 +363,7 @@ impl Started {
                     .await
             });
         }
+        let listener = Ports::listener(&ports.api)?;
         tracing::info!(
             listen = %listener.local_addr().map_err(|e| e.to_string())?,
             epoch = engine.epoch(),
@@ -260,25 +372,21 @@ impl Started {
             "picomq serving (ready)"
         );
         let options = ServerOptions {
-            tls,
+            tls: tls.clone(),
             peer_address: config.http.rate_limit_ip.is_some(),
             ..config.server.clone()
         };
-        let mut server = tokio::spawn(picomq_http::server::serve(
-            listener,
-            app,
-            options,
-            shutdown.clone(),
-        ));
-        state.send_replace(State::Ready(engine.clone()));
-        tokio::select! {
-            _ = &mut *stop => {}
-            r = &mut server => {
-                engine.shutdown().await;
-                return Err(format!("server stopped: {r:?}"));
-            }
-        }
-        stop_gracefully(&engine, trigger, server, config.shutdown_timeout).await
+        let server = tokio::spawn(picomq_http::server::serve(listener, app, options, shutdown));
+        Ok((trigger, server))
+    }
+
+    /// Ends an incarnation that was replaced: its accept loop stops, its
+    /// connections finish their requests (which it forwards or answers 503), its
+    /// engine stops.
+    async fn retire(self) {
+        self.trigger.fire();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.server).await;
+        self.engine.shutdown_within(Duration::ZERO).await;
     }
 }
 
@@ -314,6 +422,11 @@ async fn recover(
     }
 }
 
+/// How long a stopping cluster member keeps serving after its drain, with
+/// /readyz failing, so that load balancers checking every 500 ms (two failures to
+/// take a server out) stop sending to it first.
+const LOAD_BALANCER_GRACE: Duration = Duration::from_millis(1500);
+
 /// How long start-up keeps trying an object store that fails.
 const RECOVERY_RETRY_FOR: Duration = Duration::from_secs(120);
 
@@ -333,6 +446,19 @@ async fn stop_gracefully(
     );
     // Stops the accept loop and asks every connection to close once its request is
     // answered; SSE and long-polls answer at once.
+    // A cluster member hands its streams to the others while it still answers
+    // (requests for them are forwarded meanwhile), then drains its connections.
+    if let Some(cluster) = engine.cluster() {
+        if cluster
+            .drain_all((timeout / 2).max(Duration::from_secs(1)))
+            .await
+        {
+            tracing::info!(elapsed = ?started.elapsed(), "every stream handed to the other members");
+        }
+        // /readyz has answered 503 since the drain began: give load balancers the
+        // time to stop sending here before connections close.
+        tokio::time::sleep(LOAD_BALANCER_GRACE.min(timeout / 4)).await;
+    }
     trigger.fire();
     tokio::select! {
         _ = &mut server => tracing::info!(elapsed = ?started.elapsed(), "all connections closed"),

@@ -16,6 +16,7 @@ pub struct Faults {
     pub error_rate: Option<f64>,
 }
 
+#[derive(Clone)]
 pub struct OpenedStore {
     pub store: Arc<dyn store::ObjectStore>,
     pub stats: Vec<Arc<instrumented::StoreStats>>,

@@ -144,10 +144,27 @@ pub struct ServeArgs {
     /// [default: file://DATA_DIR/objects].
     #[arg(long, env = "PICOMQ_STORE")]
     pub store: Option<String>,
-    /// Metadata database URL: sqlite://path [default: sqlite://DATA_DIR/meta.sqlite;
-    /// in-memory when --store is memory://].
+    /// Metadata database URL: sqlite://path, or postgres://USER:PASS@HOST:PORT/DB to
+    /// run as a cluster member (nodes sharing one Postgres and one bucket)
+    /// [default: sqlite://DATA_DIR/meta.sqlite; in-memory when --store is memory://].
     #[arg(long, env = "PICOMQ_META")]
     pub meta: Option<String>,
+    /// Cluster members: the base URL other nodes reach this one at [default:
+    /// http://LISTEN (https with --tls-cert), when LISTEN is a specific address].
+    #[arg(long, env = "PICOMQ_ADVERTISE", value_name = "URL")]
+    pub advertise: Option<String>,
+    /// Cluster members: a stable name for this node; its share of the streams
+    /// follows the name across restarts [default: the advertised host:port].
+    #[arg(long, env = "PICOMQ_NODE_ID", value_name = "NAME")]
+    pub node_id: Option<String>,
+    /// Cluster members: how a request for a stream another node serves gets there:
+    /// proxy (forwarded, its answer streamed back) or redirect (307 to that node).
+    #[arg(long, env = "PICOMQ_ROUTE", default_value_t = defaults().route)]
+    pub route: picomq_http::cluster::RouteMode,
+    /// Cluster members: how long a node's lease lasts unrenewed (renewed every
+    /// fifth of it); once it lapses the others take the node's streams over.
+    #[arg(long, env = "PICOMQ_LEASE", default_value_t = human(defaults().lease))]
+    pub lease: HumanDuration,
     /// How long a long-poll read waits for new data before answering 204.
     #[arg(long, env = "PICOMQ_LONG_POLL_TIMEOUT", default_value_t = human(defaults().http.long_poll_timeout))]
     pub long_poll_timeout: HumanDuration,
@@ -227,6 +244,10 @@ impl ServeArgs {
         config.data_dir = self.data_dir.clone();
         config.store = self.store.clone();
         config.meta = self.meta.clone();
+        config.advertise = self.advertise.clone();
+        config.node_id = self.node_id.clone();
+        config.route = self.route;
+        config.lease = self.lease.0;
         config.store_latency = self.store_latency.map(|d| d.0);
         config.store_error_rate = self.store_error_rate;
         config.shutdown_timeout = self.shutdown_timeout.0;

@@ -6,6 +6,7 @@
 
 mod append;
 mod lifecycle;
+mod node;
 mod progress;
 mod tail;
 mod token;
@@ -44,6 +45,11 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: token::TokenCommand,
     },
+    /// A cluster's nodes: list them, drain one, resume one.
+    Node {
+        #[command(subcommand)]
+        command: node::NodeCommand,
+    },
 }
 
 pub async fn run(command: ClientCommand) -> ExitCode {
@@ -56,6 +62,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Ls(a) => a.conn.output,
         ClientCommand::Trim(a) => a.conn.output,
         ClientCommand::Token { command } => command.conn().output,
+        ClientCommand::Node { command } => command.conn().output,
     };
     let result = match command {
         ClientCommand::Create(a) => lifecycle::create(a).await,
@@ -68,6 +75,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Rm(a) => lifecycle::rm(a).await,
         ClientCommand::Trim(a) => lifecycle::trim(a).await,
         ClientCommand::Token { command } => token::run(command).await,
+        ClientCommand::Node { command } => node::run(command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
