@@ -49,6 +49,10 @@ pub enum EngineError {
         "this stream is served by another node of the cluster, or is moving between nodes; retry"
     )]
     NotOwner,
+    /// In a cluster: another member took this node's log over (its lease lapsed);
+    /// it may no longer write or index anything.
+    #[error("this node's log was taken over by another member of the cluster; retry")]
+    Fenced,
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::error::EngineError;
 use crate::meta::Meta;
 use crate::metrics::{Counter, Desc, Exposition};
 use crate::wal::FlushedObject;
@@ -115,6 +116,12 @@ pub fn spawn(
             // The objects are durable; the index must follow. Retry until it does.
             let mut backoff = Duration::from_millis(10);
             while let Err(e) = meta.apply(&batch).await {
+                if matches!(e, EngineError::Fenced) {
+                    // Another member took the log over and indexes it from the
+                    // bucket; nothing more of it may be written here.
+                    tracing::warn!("indexer stopped: this node's log was taken over");
+                    return;
+                }
                 failures_task.inc();
                 tracing::error!(error = %e, "indexing WAL objects failed; retrying");
                 tokio::time::sleep(backoff).await;

@@ -122,7 +122,6 @@ impl Engine {
             // members that died are taken over by the membership loop.
             Some((cluster, coord)) => {
                 let epoch = crate::cluster::membership::join(&*store, &**coord, cluster).await?;
-                meta.set_node_epoch(epoch).await?;
                 crate::recovery::Recovered {
                     epoch,
                     objects_replayed: 0,
@@ -146,6 +145,11 @@ impl Engine {
             checkpoint = ?recovered.restored_from,
             "recovered from the object store"
         );
+        // A member indexes through a view that refuses its batches once it is fenced.
+        let meta = match coordinator {
+            Some(_) => meta.for_member(recovered.epoch),
+            None => meta,
+        };
         let next_id = meta.next_stream_id().await?;
         let names = match coordinator {
             Some(_) => NameFilter::off(),
@@ -336,15 +340,7 @@ impl Engine {
                 }
             });
         }
-        // A store of record has nothing to checkpoint.
-        let local = self.service.inner.meta.local_index().is_some();
-        if let Some(interval) = config.checkpoint_interval.filter(|_| local) {
-            let checkpointer = self.node.checkpointer.clone();
-            sched.every(Every::writer("checkpoint", interval), move || {
-                let checkpointer = checkpointer.clone();
-                async move { checkpointer.pass().await }
-            });
-        }
+        self.schedule_checkpoints();
         if let Some(interval) = config.gc_interval {
             let collector = self.node.collector.clone();
             let every = Every {
@@ -408,6 +404,26 @@ impl Engine {
                 }
             });
         }
+    }
+
+    /// The checkpoint pass, for a local index only: a store of record (Postgres)
+    /// has nothing to checkpoint and recovery never restores one.
+    fn schedule_checkpoints(&self) {
+        let Some(interval) = self.service.inner.config.checkpoint_interval else {
+            return;
+        };
+        if self.service.inner.meta.local_index().is_none() {
+            tracing::info!(
+                "metadata checkpoints off: the metadata store is the metadata of record, not a local index"
+            );
+            return;
+        }
+        let checkpointer = self.node.checkpointer.clone();
+        let every = Every::writer("checkpoint", interval);
+        self.node.scheduler.every(every, move || {
+            let checkpointer = checkpointer.clone();
+            async move { checkpointer.pass().await }
+        });
     }
 
     pub fn epoch(&self) -> u64 {

@@ -101,6 +101,8 @@ impl From<EngineError> for ApiError {
             }
             E::NotOwner => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_owner", message)
                 .with_header(header::RETRY_AFTER, 1),
+            E::Fenced => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "fenced", message)
+                .with_header(header::RETRY_AFTER, 1),
             E::Internal(_) => {
                 tracing::error!(error = %message, "internal error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

@@ -107,7 +107,8 @@ impl Node {
             }
             None => (None, None),
         };
-        tracing::info!(listen = %addr, store = %store_url, meta = %meta_url, "recovering");
+        let meta_shown = picomq_engine::meta::redacted_url(&meta_url);
+        tracing::info!(listen = %addr, store = %store_url, meta = %meta_shown, "recovering");
         let (state_tx, state) = watch::channel(State::Recovering);
         let (stop, stopped) = oneshot::channel();
         let started = Started {

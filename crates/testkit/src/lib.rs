@@ -7,9 +7,11 @@
 //!
 //! `PICOMQ_TEST_STORE=s3` runs every server these helpers start (unless a test picks
 //! its own `--store`) on the S3 test server instead of the local directory: CI runs
-//! the suite both ways.
+//! the suite both ways. Tests of the Postgres metadata store get a database each
+//! from [`postgres`].
 
 pub mod cli;
+pub mod postgres;
 mod server;
 
 use std::path::{Path, PathBuf};

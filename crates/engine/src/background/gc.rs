@@ -5,8 +5,10 @@
 //!
 //! "No restore can need" is the checkpoint floor: the watermark of the *oldest* kept
 //! checkpoint (see `checkpoint`). Recovery always starts from a checkpoint at or past
-//! the floor, so a WAL object below it is read only through the index. Seals are
-//! never deleted: they fence zombie writers of older epochs for ever.
+//! the floor, so a WAL object below it is read only through the index. A cluster
+//! member (Postgres, the metadata of record, never restored) judges its own log
+//! below what it indexed and the logs of finished members ([`Scope::Member`]). Seals
+//! are never deleted: they fence zombie writers of older epochs for ever.
 //!
 //! Compacted objects (`seg/`, see `compaction`) follow the same rule: their keys
 //! carry the WAL position they were written at, and the relocation that references

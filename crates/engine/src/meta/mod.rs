@@ -4,14 +4,17 @@
 //! Every row is derived from the WAL: one indexer applies durable objects in log
 //! order (`apply`), idempotently. With SQLite (`sqlite`, the embedded default) the
 //! database is a local index, rebuilt from the bucket when lost and checkpointed
-//! into it ([`LocalIndex`]). A store for clusters implements the same trait without
-//! the local index (it is the metadata of record). Reads come from the stream
+//! into it ([`LocalIndex`]). With Postgres (`postgres`, the foundation of clusters)
+//! it is the metadata of record, without a local index. `rows` holds what both
+//! write for a batch, so they cannot drift apart. Reads come from the stream
 //! service when it loads a dormant stream or serves data that left the tail cache,
 //! and from the background passes.
 //!
 //! The rows here are the engine's: the HTTP edge sees stream infos and token
 //! records, never these.
 
+pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 use std::collections::HashMap;
@@ -25,6 +28,7 @@ use crate::wal::format::{ForkOrigin, ProducerStamp};
 use crate::wal::FlushedObject;
 
 pub use crate::wal::format::TokenRecord;
+pub use postgres::PostgresMeta;
 pub use sqlite::{SqliteMeta, SCHEMA_VERSION};
 
 /// A stream's row: its configuration and its state as of the last indexed op.
@@ -154,6 +158,13 @@ pub trait MetaStore: Send + Sync + 'static {
     fn coordinator(&self) -> Option<Arc<dyn crate::cluster::Coordinator>> {
         None
     }
+
+    /// The same store as seen by the cluster member `epoch`: every batch it
+    /// applies is refused ([`EngineError::Fenced`]) unless the member still runs
+    /// or is the one sealing the log the batch belongs to. `None` outside clusters.
+    fn as_member(&self, _epoch: u64) -> Option<Arc<dyn MetaStore>> {
+        None
+    }
 }
 
 /// A metadata database that is a local, rebuildable index of the bucket.
@@ -181,19 +192,55 @@ pub fn is_shared_url(url: &str) -> bool {
 pub struct Meta(Arc<dyn MetaStore>);
 
 impl Meta {
-    /// Opens the store a URL names: `sqlite://path` or `sqlite::memory:`.
+    /// Opens the store a URL names: `sqlite://path`, `sqlite::memory:`, or
+    /// `postgres://user:password@host:port/database` (also `postgresql://`).
     pub async fn open(url: &str) -> Result<Meta> {
         if url.starts_with("sqlite:") {
             return Ok(Meta(Arc::new(SqliteMeta::open(url).await?)));
         }
+        if postgres::is_postgres_url(url) {
+            return Ok(Meta(Arc::new(PostgresMeta::open(url).await?)));
+        }
         Err(EngineError::bad_request(format!(
-            "metadata URL {url:?}: unsupported (supported: sqlite://path, sqlite::memory:)"
+            "metadata URL {:?}: unsupported (supported: sqlite://path, sqlite::memory:, postgres://...)",
+            redacted_url(url)
         )))
     }
 
     pub fn from_store(store: Arc<dyn MetaStore>) -> Meta {
         Meta(store)
     }
+
+    /// See [`MetaStore::as_member`]; `self` where the store has no members.
+    pub fn for_member(&self, epoch: u64) -> Meta {
+        self.0.as_member(epoch).map_or_else(|| self.clone(), Meta)
+    }
+}
+
+/// `url` fit for logs and errors: without the password of its user part or of a
+/// `password=` parameter. A URL that does not parse keeps only its scheme.
+pub fn redacted_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        return format!("{scheme}:<unparsable URL>");
+    };
+    let in_query = parsed.query_pairs().any(|(k, _)| k == "password");
+    if parsed.password().is_none() && !in_query {
+        return url.to_string();
+    }
+    // Fails only for URLs that cannot have a user part, which have no password.
+    let _ = parsed.set_password(None);
+    let kept: Vec<(String, String)> = parsed
+        .query_pairs()
+        .filter(|(k, _)| k != "password")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    parsed.to_string()
 }
 
 impl std::ops::Deref for Meta {

@@ -187,3 +187,30 @@ async fn metadata_database_is_rebuilt_from_the_bucket() {
     server.restart().await;
     check_history(&server.client).await;
 }
+
+/// With Postgres metadata (the metadata of record) the data directory holds no
+/// database and no checkpoint is written: a SIGKILL recovers everything by
+/// replaying the WAL from the watermark stored in Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_survives_sigkill_on_postgres_metadata() {
+    support::postgres::with_database("recovery", |url| async move {
+        let dir = TempDir::new("recovery-pg");
+        let flags = ["--meta", url.as_str(), "--checkpoint-interval", "100ms"];
+        let mut server = Server::start_process(dir.path(), &flags).await;
+        write_history(&server.client).await;
+        server.restart().await;
+        check_history(&server.client).await;
+        server.restart().await;
+        assert_eq!(read_all(&server.client, "/r/a").await, b"a0;a1;a2;a3;");
+        assert!(!dir.path().join("meta.sqlite").exists());
+        let log = server.log_text();
+        assert!(log.contains("metadata checkpoints off"), "{log}");
+        if let Some(password) = support::postgres::password_of(&url) {
+            assert!(!log.contains(&password), "the log shows no password");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(server.count_objects("checkpoints", "").await, 0);
+        drop(server);
+    })
+    .await;
+}

@@ -7,10 +7,10 @@ use std::collections::HashMap;
 
 use sqlx::{Row, SqlitePool};
 
-use super::{encode_stamp, tokens};
+use super::tokens;
 use crate::error::Result;
-use crate::offset::Offset;
-use crate::wal::format::{AppendOp, Op, ProducerStamp, RelocateOp};
+use crate::meta::rows::{encode_stamp, AppendRun, CreateRow, NewChunk};
+use crate::wal::format::{Op, RelocateOp};
 use crate::wal::FlushedObject;
 
 /// Applies durable WAL objects, in log order, in one transaction; idempotent, so
@@ -23,7 +23,7 @@ pub(super) async fn apply(pool: &SqlitePool, objects: &[FlushedObject]) -> Resul
     let mut pending = Pending::default();
     for object in objects {
         for chunk in &object.chunks {
-            if let Some(row) = chunk_row_of(&object.key, chunk) {
+            if let Some(row) = NewChunk::of(&object.key, chunk) {
                 pending.chunks.push(row);
             }
             for (_, op) in &chunk.ops {
@@ -57,27 +57,6 @@ pub(super) async fn apply(pool: &SqlitePool, objects: &[FlushedObject]) -> Resul
     Ok(())
 }
 
-/// The index row of one stream's chunk of an object: the span of its appends.
-fn chunk_row_of<'a>(key: &'a str, chunk: &crate::wal::FlushedChunk) -> Option<NewChunk<'a>> {
-    let data = chunk.ops.iter().filter_map(|(_, op)| match op {
-        Op::Append(a) => a.records.last().map(|r| (a.start, a.end(), r.ts_ms)),
-        _ => None,
-    });
-    let span = data.fold(None, |acc: Option<(Offset, Offset, u64)>, (s, e, ts)| {
-        Some(acc.map_or((s, e, ts), |(s0, _, _)| (s0, e, ts)))
-    });
-    let (start, end, last_ts_ms) = span?;
-    Some(NewChunk {
-        stream_id: chunk.stream_id as i64,
-        start: start.0 as i64,
-        end: end.0 as i64,
-        key,
-        byte_start: chunk.range.start as i64,
-        byte_end: chunk.range.end as i64,
-        last_ts_ms: last_ts_ms as i64,
-    })
-}
-
 /// One op's effect: creates and appends are batched in `pending`; the rare ops land
 /// everything batched before them first.
 async fn apply_op<'a>(
@@ -88,22 +67,7 @@ async fn apply_op<'a>(
 ) -> Result<()> {
     let id = stream_id as i64;
     match op {
-        Op::Create(c) => {
-            let fork = c.fork.as_ref();
-            pending.creates.push(CreateRow {
-                id,
-                name: &c.name,
-                content_type: &c.content_type,
-                created_ms: c.created_ms as i64,
-                ttl_secs: c.ttl_secs.map(|t| t as i64),
-                expires_at: c.expires_at.as_deref(),
-                fork_source: fork.map(|f| f.source_id as i64),
-                fork_point: fork.map(|f| f.point.0 as i64),
-                fork_requested: fork.and_then(|f| f.requested_offset).map(|o| o.0 as i64),
-                fork_sub_offset: fork.map_or(0, |f| f.sub_offset as i64),
-                tail: fork.map_or(0, |f| f.point.0 as i64),
-            });
-        }
+        Op::Create(c) => pending.creates.push(CreateRow::of(stream_id, c)),
         Op::Append(a) => pending.runs.entry(stream_id).or_default().add(a),
         Op::Relocate(r) => {
             pending.flush(tx).await?;
@@ -194,69 +158,6 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// One stream's appends in a batch, written as one row of one `UPDATE streams` and
-/// one upsert per producer instead of a statement of each per append. It leaves the
-/// rows exactly as applying the appends one by one would: tail and last access only grow, a close sticks, the
-/// last closing producer and the last `Stream-Seq` win, each producer's last stamp wins.
-#[derive(Default)]
-struct AppendRun<'a> {
-    end: u64,
-    close: bool,
-    closed_by: Option<&'a ProducerStamp>,
-    stream_seq: Option<&'a str>,
-    written_ms: u64,
-    producers: Vec<&'a ProducerStamp>,
-}
-
-impl<'a> AppendRun<'a> {
-    fn add(&mut self, a: &'a AppendOp) {
-        self.end = self.end.max(a.end().0);
-        if a.close {
-            self.close = true;
-            self.closed_by = a.producer.as_ref().or(self.closed_by);
-        }
-        if let Some(seq) = &a.stream_seq {
-            self.stream_seq = Some(seq);
-        }
-        // A write is an access: after a rebuild from the bucket a sliding TTL counts
-        // from the last write at the latest.
-        self.written_ms = self.written_ms.max(a.records.last().map_or(0, |r| r.ts_ms));
-        if let Some(p) = &a.producer {
-            match self.producers.iter_mut().find(|q| q.id == p.id) {
-                Some(q) => *q = p,
-                None => self.producers.push(p),
-            }
-        }
-    }
-}
-
-/// A stream created by the batch: its `streams` row.
-struct CreateRow<'a> {
-    id: i64,
-    name: &'a str,
-    content_type: &'a str,
-    created_ms: i64,
-    ttl_secs: Option<i64>,
-    expires_at: Option<&'a str>,
-    fork_source: Option<i64>,
-    fork_point: Option<i64>,
-    fork_requested: Option<i64>,
-    fork_sub_offset: i64,
-    tail: i64,
-}
-
-/// A `chunks` row of the batch.
-struct NewChunk<'a> {
-    stream_id: i64,
-    start: i64,
-    end: i64,
-    key: &'a str,
-    byte_start: i64,
-    byte_end: i64,
-    /// Timestamp of the row's last record.
-    last_ts_ms: i64,
 }
 
 /// Rows of a batch not yet written. `flush` writes them in dependency order: new

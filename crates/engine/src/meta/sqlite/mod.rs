@@ -24,10 +24,11 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
+use super::rows::decode_stamp;
 use super::{ChunkRow, IndexRow, LocalIndex, MetaStore, StreamRow, TokenRecord, Watermark};
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
-use crate::wal::format::{ForkOrigin, ProducerStamp};
+use crate::wal::format::ForkOrigin;
 use crate::wal::FlushedObject;
 
 /// `SELECT` of every stream column (in `stream_row` order) followed by `$tail`.
@@ -478,7 +479,8 @@ impl MetaStore for SqliteMeta {
             "WHERE soft_deleted = 0 AND name > ? AND substr(name, 1, ?) = ? ORDER BY name LIMIT ?"
         ))
         .bind(after)
-        .bind(prefix.len() as i64)
+        // substr counts characters of TEXT, not bytes.
+        .bind(prefix.chars().count() as i64)
         .bind(prefix)
         .bind(limit as i64)
         .fetch_all(&self.pool)
@@ -626,19 +628,4 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
         start: Offset(r.get::<i64, _>(16) as u64),
         retention_secs: r.get::<Option<i64>, _>(17).map(|v| v as u64),
     }
-}
-
-pub(super) fn encode_stamp(p: &ProducerStamp) -> String {
-    format!("{}:{}:{}", p.epoch, p.seq, p.id)
-}
-
-pub(super) fn decode_stamp(s: &str) -> Option<ProducerStamp> {
-    let mut parts = s.splitn(3, ':');
-    let epoch = parts.next()?.parse().ok()?;
-    let seq = parts.next()?.parse().ok()?;
-    Some(ProducerStamp {
-        id: parts.next()?.to_string(),
-        epoch,
-        seq,
-    })
 }

@@ -89,7 +89,8 @@ pub(super) async fn count_streams_with_prefix(
     limit: u64,
 ) -> Result<u64> {
     let n: i64 = sqlx::query("SELECT COUNT(*) FROM (SELECT 1 FROM streams WHERE soft_deleted = 0 AND substr(name, 1, ?) = ? LIMIT ?)")
-        .bind(prefix.len() as i64)
+        // substr counts characters of TEXT, not bytes.
+        .bind(prefix.chars().count() as i64)
         .bind(prefix)
         .bind(limit as i64)
         .fetch_one(pool)

@@ -1,0 +1,96 @@
+//! A Postgres database per test, on the server `PICOMQ_TEST_PG_URL` names (its role
+//! needs CREATEDB): created with a unique name, handed over as a URL, dropped when
+//! the test ends, passed or failed. Without the variable a test fails, saying how
+//! to get a server: no test is skipped silently.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::FutureExt;
+use sqlx::{Connection, PgConnection};
+
+pub const URL_VAR: &str = "PICOMQ_TEST_PG_URL";
+
+/// The server's URL, or a failure that says how to get one.
+pub fn server_url() -> String {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "{URL_VAR} is not set: this test needs a Postgres server where it may create \
+             databases. Start one with `bash .ci/postgres.sh start DIR; source DIR/env; \
+             export {URL_VAR}=$PICOMQ_CI_PG_URL` (Debian's postgresql package, installed \
+             if missing), or point {URL_VAR} at a role with CREATEDB."
+        ),
+    }
+}
+
+/// The password in `url`, if it has one (tests check logs never show it).
+pub fn password_of(url: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    url.password().map(String::from)
+}
+
+/// A database of this test's own.
+pub struct Database {
+    /// `postgres://` URL of the database, with the server's credentials.
+    pub url: String,
+    pub name: String,
+}
+
+impl Database {
+    /// Creates a database named after `tag`, this process and a counter.
+    pub async fn create(tag: &str) -> Database {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let server = server_url();
+        let tag: String = tag
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .take(40)
+            .collect();
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("pmq_{tag}_{}_{n}", std::process::id()).to_lowercase();
+        admin(&server, &format!("CREATE DATABASE \"{name}\"")).await;
+        let mut url = url::Url::parse(&server).expect("PICOMQ_TEST_PG_URL is a URL");
+        url.set_path(&name);
+        Database {
+            url: url.to_string(),
+            name,
+        }
+    }
+
+    /// Drops the database, closing whatever connections still use it.
+    pub async fn drop(self) {
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        admin(&server_url(), &sql).await;
+    }
+}
+
+/// Runs one statement on the server's own database.
+async fn admin(server: &str, sql: &str) {
+    let mut conn = PgConnection::connect(server)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {URL_VAR}: {e}"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql} (the role needs CREATEDB): {e}"));
+    conn.close().await.ok();
+}
+
+/// Runs `test` with the URL of a fresh database, then drops the database (also when
+/// the test fails, whose panic is then passed on).
+pub async fn with_database<F, Fut>(tag: &str, test: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let database = Database::create(tag).await;
+    let outcome = AssertUnwindSafe(test(database.url.clone()))
+        .catch_unwind()
+        .await;
+    database.drop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
