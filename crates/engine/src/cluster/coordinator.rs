@@ -118,7 +118,8 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn claim(&self, epoch: u64, slots: &[u32]) -> Result<Vec<SlotRow>>;
     /// Gives `slot`, owned by `from`, to the running member `to` (or to nobody).
     async fn hand_over(&self, from: u64, slot: u32, to: Option<u64>) -> Result<Option<SlotRow>>;
-    /// Starts taking over `dead`'s log if its lease lapsed (or its sealer's did):
+    /// Starts taking over `dead`'s log if its lease lapsed (or its sealer's did,
+    /// or `me` is a newer incarnation of the same node at the same address):
     /// marks it `Sealing` by `me`; returns its `applied_seq`, or `None` if it is not
     /// up for takeover (alive, finished, or another member is on it).
     async fn begin_takeover(&self, me: u64, dead: u64) -> Result<Option<u64>>;

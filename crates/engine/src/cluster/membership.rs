@@ -134,10 +134,15 @@ impl Membership {
 
     /// Starts a takeover of each member the store judges lapsed, once this member
     /// has held its own lease for a lease period.
+    ///
+    /// An earlier incarnation of this very node (same node id, same advertised URL,
+    /// older epoch) is taken over at once: a node that restarts declares the process
+    /// before it gone, so a restart does not wait out its old lease. Should that
+    /// process still run (paused), it can no longer write: its next WAL object meets
+    /// the seal, its index batches are refused, and it rejoins as a new member.
     fn take_over_dead(&self, members: &[MemberRow]) {
-        if self.cluster.lease.held_for() < self.cluster.lease.ttl() {
-            return;
-        }
+        let settled = self.cluster.lease.held_for() >= self.cluster.lease.ttl();
+        let me = &self.cluster.config;
         let sealers_alive = |m: &MemberRow| {
             m.sealer
                 .and_then(|s| members.iter().find(|x| x.epoch == s))
@@ -146,7 +151,12 @@ impl Membership {
         for m in members {
             let lapsed = m.state.is_running() && m.lease_left_ms <= 0;
             let orphaned = m.state == MemberState::Sealing && !sealers_alive(m);
-            if m.epoch == self.cluster.epoch || !(lapsed || orphaned) {
+            let predecessor = m.state.is_running()
+                && m.epoch < self.cluster.epoch
+                && m.node_id == me.node_id
+                && m.advertise == me.advertise;
+            if m.epoch == self.cluster.epoch || !(predecessor || (settled && (lapsed || orphaned)))
+            {
                 continue;
             }
             if !self.taking.lock().expect("takeovers").insert(m.epoch) {
