@@ -100,7 +100,8 @@ impl From<EngineError> for ApiError {
                     .with_header(header::RETRY_AFTER, 1)
             }
             E::NotOwner => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_owner", message)
-                .with_header(header::RETRY_AFTER, 1),
+                .with_header(header::RETRY_AFTER, 1)
+                .with_header(crate::cluster::NOT_OWNER, 1),
             E::Fenced => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "fenced", message)
                 .with_header(header::RETRY_AFTER, 1),
             E::Internal(_) => {

@@ -6,8 +6,10 @@
 //! At most one hop: a forwarded request carries [`FORWARDED_BY`]. A member that gets
 //! one for a stream it does not serve never forwards it again: it reads the slot's
 //! owner from the store (the sender may know of a hand-over this member has not
-//! seen yet), serves it if the slot is now its own, and otherwise answers 503 with
-//! `Retry-After` (the client's retry is routed afresh).
+//! seen yet), serves it if the slot is now its own, and otherwise answers 503 at
+//! once, marked [`NOT_OWNER`]. The sender then knows its own view is stale: it
+//! reads the slot from the store too and routes the request again, until the
+//! stream has a live owner or [`OWNER_WAIT`] passed (then 503 with `Retry-After`).
 
 pub mod nodes;
 pub mod peers;
@@ -30,6 +32,8 @@ pub const FORWARDED_BY: &str = "picomq-forwarded-by";
 /// Set on every stream answer of a cluster member: the node id of the member that
 /// served it (a forwarded answer carries the owner's).
 pub const SERVED_BY: &str = "picomq-served-by";
+/// Set on a 503 answer from a member that does not serve the stream (any more).
+pub const NOT_OWNER: &str = "picomq-not-owner";
 /// How members prove to each other that a call comes from the cluster.
 pub const CLUSTER_KEY: &str = "picomq-cluster-key";
 
@@ -138,6 +142,16 @@ pub async fn route(
                     .forward(&url, &cluster.config.node_id, method, uri, headers, bytes)
                     .await
                 {
+                    Ok(resp) if resp.headers().contains_key(NOT_OWNER) => {
+                        // The slot moved on and this member has not seen it yet.
+                        edge.stats.stale_routes.inc();
+                        tracing::debug!(owner = %node_id, "the member taken for the owner does not serve the stream; reading the slot again");
+                        if cluster.refresh_slot(slot).await? == (Route::Remote { url, node_id })
+                            && !wait_for_owner(cluster, deadline).await
+                        {
+                            return Err(ApiError::from(picomq_engine::EngineError::NotOwner));
+                        }
+                    }
                     Ok(resp) => {
                         edge.stats.forwarded.inc();
                         return Ok(Decision::Answered(resp));
@@ -152,6 +166,11 @@ pub async fn route(
                         }
                     }
                 }
+            }
+            // Forwarded here by a member that took this one for the owner: the
+            // sender re-routes (it may know the owner, or wait for one).
+            Route::Remote { .. } | Route::Unowned if forwarded => {
+                return Err(ApiError::from(picomq_engine::EngineError::NotOwner));
             }
             Route::Remote { .. } | Route::Unowned => {
                 if !wait_for_owner(cluster, deadline).await {
@@ -189,6 +208,10 @@ static REDIRECTED: Desc = Desc::counter(
     "picomq_cluster_requests_redirected_total",
     "Stream requests this node answered with a redirect to the node serving the stream.",
 );
+static STALE_ROUTES: Desc = Desc::counter(
+    "picomq_cluster_stale_routes_total",
+    "Forwarded requests the receiving member did not serve (the slot had moved on); routed again.",
+);
 static FORWARD_FAILURES: Desc = Desc::counter(
     "picomq_cluster_forward_failures_total",
     "Forwarding attempts that could not reach the owner (retried once it changed, or 503).",
@@ -198,6 +221,7 @@ pub struct EdgeStats {
     pub forwarded: Counter,
     pub redirected: Counter,
     pub forward_failures: Counter,
+    pub stale_routes: Counter,
 }
 
 impl Default for EdgeStats {
@@ -206,6 +230,7 @@ impl Default for EdgeStats {
             forwarded: Counter::new(&FORWARDED),
             redirected: Counter::new(&REDIRECTED),
             forward_failures: Counter::new(&FORWARD_FAILURES),
+            stale_routes: Counter::new(&STALE_ROUTES),
         }
     }
 }
@@ -214,6 +239,7 @@ impl Source for EdgeStats {
     fn export(&self, out: &mut Exposition) {
         out.counter(&self.forwarded)
             .counter(&self.redirected)
-            .counter(&self.forward_failures);
+            .counter(&self.forward_failures)
+            .counter(&self.stale_routes);
     }
 }
