@@ -11,6 +11,7 @@
 //! from [`postgres`].
 
 pub mod cli;
+pub mod cluster;
 pub mod postgres;
 mod server;
 

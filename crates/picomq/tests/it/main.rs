@@ -14,6 +14,7 @@ mod browser_cors;
 mod cli_cycle;
 mod cli_tail_restart;
 mod cli_tokens;
+mod cluster;
 mod cold_reads;
 mod compaction;
 mod gc;

@@ -1,0 +1,509 @@
+//! Many nodes on one Postgres database and one bucket (the S3 test server), behind
+//! HAProxy: streams spread over the nodes, any node answers for any stream (live
+//! reads included), and nodes killed with `kill -9`, paused past their lease,
+//! drained or joined under load lose nothing acknowledged and duplicate nothing.
+//! Needs `PICOMQ_TEST_PG_URL` (see `picomq_testkit::postgres`) and HAProxy (which
+//! `.ci/haproxy.sh` installs).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use picomq_client::{Client, HttpMethod};
+use picomq_testkit as support;
+use support::cluster::TestCluster;
+
+/// Short leases keep the tests short; the default (5 s) is the benchmark's.
+const LEASE: &[&str] = &["--lease", "2s"];
+
+fn served_by(r: &picomq_client::Response) -> String {
+    r.header("picomq-served-by").unwrap_or("?").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_spread_evenly_and_every_node_answers_for_every_stream() {
+    let cluster = TestCluster::start("spread", 3, LEASE).await;
+    cluster.wait_balanced(0, 3, Duration::from_secs(30)).await;
+    let mut owners: HashMap<String, usize> = HashMap::new();
+    for i in 0..3000 {
+        let node = cluster.node(i % 3);
+        let r = node
+            .client
+            .put(
+                &format!("/spread/s{i}"),
+                &[("content-type", "text/plain")],
+                "",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        *owners.entry(served_by(&r)).or_default() += 1;
+    }
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    for (node, n) in &owners {
+        assert!(
+            (750..=1260).contains(n),
+            "{node} serves {n} of 3000 streams ({owners:?})"
+        );
+    }
+    // Every node reads and writes every stream (forwarded to the owner).
+    for i in 0..30 {
+        let path = format!("/spread/s{i}");
+        for (k, node) in cluster.nodes.iter().enumerate() {
+            let r = node
+                .client
+                .post(&path, &[("content-type", "text/plain")], format!("{k};"))
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+        }
+        for node in &cluster.nodes {
+            let body = support::read_all(&node.client, &path).await;
+            assert_eq!(body, b"0;1;2;", "{path} through {}", node.url);
+        }
+    }
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn live_reads_through_another_node_follow_the_tail() {
+    let cluster = TestCluster::start("live", 2, LEASE).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    // A stream each node does not serve.
+    let mut paths = Vec::new();
+    for i in 0.. {
+        let path = format!("/live/s{i}");
+        let r = cluster
+            .node(0)
+            .client
+            .put(&path, &[("content-type", "text/plain")], "")
+            .await
+            .unwrap();
+        if served_by(&r) == TestCluster::node_id(1) {
+            paths.push(path);
+            break;
+        }
+    }
+    let path = paths.pop().unwrap();
+    let reader = cluster.node(0).client.clone();
+    let poll_path = format!("{path}?offset=-1&live=long-poll");
+    let poll = tokio::spawn(async move {
+        // The first long-poll answers at once with nothing (empty stream, up to date)
+        // or waits; ask from the tail instead.
+        reader.get(&poll_path.replace("-1", "now")).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = cluster
+        .node(1)
+        .client
+        .post(&path, &[("content-type", "text/plain")], "hello")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 204);
+    let got = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.status.as_u16(), 200, "{}", got.text());
+    assert_eq!(got.text(), "hello");
+    assert_eq!(served_by(&got), TestCluster::node_id(1));
+    // SSE through the non-owner: the event arrives as it is appended.
+    let mut sse = cluster
+        .node(0)
+        .client
+        .open(
+            HttpMethod::GET,
+            &format!("{path}?offset=-1&live=sse"),
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sse.status.as_u16(), 200);
+    let r = cluster
+        .node(1)
+        .client
+        .post(&path, &[("content-type", "text/plain")], " again")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 204);
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.contains("again") {
+        let chunk = tokio::time::timeout_at(deadline, sse.next_chunk())
+            .await
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap().unwrap()));
+    }
+    assert!(seen.contains("hello"), "{seen}");
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redirect_mode_sends_clients_to_the_owner() {
+    let flags = ["--lease", "2s", "--route", "redirect"];
+    let cluster = TestCluster::start("redirect", 2, &flags).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    for i in 0..20 {
+        let path = format!("/redirect/s{i}");
+        let r = cluster
+            .node(0)
+            .client
+            .put(&path, &[("content-type", "text/plain")], "")
+            .await
+            .unwrap();
+        match r.status.as_u16() {
+            201 => assert_eq!(served_by(&r), TestCluster::node_id(0)),
+            307 => {
+                let location = r.header("location").unwrap();
+                assert!(
+                    location.starts_with(&cluster.node(1).url) && location.ends_with(&path),
+                    "{location}"
+                );
+            }
+            other => panic!("PUT {path}: {other} {}", r.text()),
+        }
+    }
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forks_and_deletes_across_nodes() {
+    let cluster = TestCluster::start("forks", 2, LEASE).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    // A source on one node and a fork on the other.
+    let owner_of = |r: &picomq_client::Response| served_by(r);
+    let c = &cluster.node(0).client;
+    let r = c
+        .put("/forks/src", &[("content-type", "text/plain")], "abc")
+        .await
+        .unwrap();
+    let src_owner = owner_of(&r);
+    let mut fork = None;
+    for i in 0..64 {
+        let path = format!("/forks/f{i}");
+        let r = c
+            .put(
+                &path,
+                &[
+                    ("content-type", "text/plain"),
+                    ("stream-forked-from", "/forks/src"),
+                ],
+                "",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        if owner_of(&r) != src_owner {
+            fork = Some(path);
+            break;
+        }
+        let d = c.delete(&path).await.unwrap();
+        assert_eq!(d.status.as_u16(), 204);
+    }
+    let fork = fork.expect("a fork on the other node");
+    let r = c
+        .post(&fork, &[("content-type", "text/plain")], "def")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 204);
+    assert_eq!(support::read_all(c, &fork).await, b"abcdef");
+    // Deleting the source keeps it for its fork (410); deleting the fork cascades.
+    assert_eq!(c.delete("/forks/src").await.unwrap().status.as_u16(), 204);
+    assert_eq!(c.head("/forks/src").await.unwrap().status.as_u16(), 410);
+    assert_eq!(support::read_all(c, &fork).await, b"abcdef");
+    assert_eq!(c.delete(&fork).await.unwrap().status.as_u16(), 204);
+    support::eventually(Duration::from_secs(10), || async {
+        (c.head("/forks/src").await.unwrap().status.as_u16() == 404).then_some(())
+    })
+    .await;
+    cluster.shut_down().await;
+}
+
+/// One writer's stream and what it was told.
+struct Writer {
+    path: String,
+    idempotent: bool,
+    /// Records acknowledged, in order, with the offset each acknowledgement gave.
+    acked: Vec<(String, String)>,
+    /// Records whose outcome is unknown (an error, a timeout): present at most once.
+    unknown: Vec<String>,
+    /// Answers that were not a success, by status (0: no answer).
+    failures: HashMap<u16, u64>,
+}
+
+/// Appends records to `path` through `url` until `stop`: plain appends once each
+/// (an unknown outcome is recorded, never retried: a retry could duplicate),
+/// idempotent ones (Producer-Id) retried until acknowledged.
+async fn write(url: String, mut w: Writer, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) -> Writer {
+    let client = Client::new(&url);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let record = format!("{}#{n:08};", w.path);
+        let seq = n.to_string();
+        let mut headers = vec![("content-type", "text/plain")];
+        if w.idempotent {
+            headers.extend([
+                ("producer-id", "p"),
+                ("producer-epoch", "0"),
+                ("producer-seq", seq.as_str()),
+            ]);
+        }
+        loop {
+            let sent = tokio::time::timeout(
+                Duration::from_secs(30),
+                client.post(&w.path, &headers, record.clone()),
+            )
+            .await;
+            match sent {
+                Ok(Ok(r)) if r.status.is_success() => {
+                    let next = r.header("stream-next-offset").unwrap_or("").to_string();
+                    w.acked.push((record.clone(), next));
+                    count.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                other => {
+                    let status = match &other {
+                        Ok(Ok(r)) => r.status.as_u16(),
+                        _ => 0,
+                    };
+                    *w.failures.entry(status).or_default() += 1;
+                    // 0: no answer; 502: HAProxy lost the node mid-request (it was
+                    // killed); 503: retry. The outcome of all three is unknown.
+                    if !matches!(status, 0 | 502 | 503) {
+                        let text = match other {
+                            Ok(Ok(r)) => r.text(),
+                            _ => String::new(),
+                        };
+                        panic!("{}: append answered {status}: {text}", w.path);
+                    }
+                    if !w.idempotent {
+                        w.unknown.push(record.clone());
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        n += 1;
+    }
+    w
+}
+
+/// Reads `w.path` whole and checks it: every acknowledged record once, in order,
+/// unknown ones at most once, nothing else; acknowledged offsets strictly rising.
+async fn verify(client: &Client, w: &Writer) {
+    let body = support::read_all(client, &w.path).await;
+    let text = String::from_utf8(body).unwrap();
+    let records: Vec<&str> = text.split_terminator(';').collect();
+    let mut acked = w
+        .acked
+        .iter()
+        .map(|(r, _)| r.trim_end_matches(';'))
+        .peekable();
+    let unknown: std::collections::HashSet<&str> =
+        w.unknown.iter().map(|r| r.trim_end_matches(';')).collect();
+    let mut seen = std::collections::HashSet::new();
+    for rec in &records {
+        assert!(seen.insert(*rec), "{}: {rec} appears twice", w.path);
+        if acked.peek() == Some(rec) {
+            acked.next();
+        } else {
+            assert!(
+                unknown.contains(rec),
+                "{}: {rec} was never sent, or is out of order",
+                w.path
+            );
+        }
+    }
+    assert!(
+        acked.peek().is_none(),
+        "{}: acknowledged {:?} is missing",
+        w.path,
+        acked.peek()
+    );
+    let offsets: Vec<&str> = w.acked.iter().map(|(_, o)| o.as_str()).collect();
+    for pair in offsets.windows(2) {
+        assert!(
+            pair[0] < pair[1],
+            "{}: offsets not rising: {pair:?}",
+            w.path
+        );
+    }
+}
+
+/// Starts `n` writers through `url`, half of them idempotent.
+fn start_writers(
+    url: &str,
+    tag: &str,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    count: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<Writer>> {
+    (0..n)
+        .map(|i| {
+            let w = Writer {
+                path: format!("/{tag}/w{i}"),
+                idempotent: i % 2 == 1,
+                acked: Vec::new(),
+                unknown: Vec::new(),
+                failures: HashMap::new(),
+            };
+            tokio::spawn(write(url.to_string(), w, stop.clone(), count.clone()))
+        })
+        .collect()
+}
+
+async fn create_streams(client: &Client, tag: &str, n: usize) {
+    for i in 0..n {
+        let r = client
+            .put(
+                &format!("/{tag}/w{i}"),
+                &[("content-type", "text/plain")],
+                "",
+            )
+            .await
+            .unwrap();
+        assert!(r.status.is_success(), "{}", r.text());
+    }
+}
+
+/// Waits until the writers have had `more` more acknowledgements.
+async fn progress(count: &AtomicU64, more: u64, limit: Duration) {
+    let target = count.load(Ordering::Relaxed) + more;
+    support::eventually(limit, || async {
+        (count.load(Ordering::Relaxed) >= target).then_some(())
+    })
+    .await;
+}
+
+async fn finish(
+    cluster: &TestCluster,
+    writers: Vec<tokio::task::JoinHandle<Writer>>,
+    stop: &AtomicBool,
+) -> HashMap<u16, u64> {
+    stop.store(true, Ordering::Relaxed);
+    let mut failures: HashMap<u16, u64> = HashMap::new();
+    for w in writers {
+        let w = w.await.unwrap();
+        assert!(!w.acked.is_empty(), "{}: nothing acknowledged", w.path);
+        verify(&cluster.haproxy().client, &w).await;
+        for (status, n) in &w.failures {
+            *failures.entry(*status).or_default() += n;
+        }
+    }
+    failures
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_nodes_are_taken_over_without_losing_acknowledged_appends() {
+    let mut cluster = TestCluster::start("failover", 3, LEASE).await;
+    cluster.wait_balanced(0, 3, Duration::from_secs(30)).await;
+    let lb = cluster.start_haproxy().await;
+    create_streams(&cluster.haproxy().client, "failover", 6).await;
+    let (stop, count) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writers = start_writers(&lb, "failover", 6, &stop, &count);
+    progress(&count, 200, Duration::from_secs(30)).await;
+    for round in 0..3 {
+        let victim = round % 3;
+        cluster.kill9(victim);
+        // The others take the victim's streams over: appends to them go on.
+        progress(&count, 300, Duration::from_secs(60)).await;
+        cluster.restart(victim).await;
+        cluster
+            .wait_balanced((victim + 1) % 3, 3, Duration::from_secs(60))
+            .await;
+        progress(&count, 200, Duration::from_secs(30)).await;
+    }
+    let failures = finish(&cluster, writers, &stop).await;
+    eprintln!(
+        "failover: {} acknowledged, failures by status {failures:?}",
+        count.load(Ordering::Relaxed)
+    );
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_paused_past_its_lease_is_fenced_and_rejoins() {
+    let mut cluster = TestCluster::start("zombie", 3, LEASE).await;
+    cluster.wait_balanced(0, 3, Duration::from_secs(30)).await;
+    let lb = cluster.start_haproxy().await;
+    create_streams(&cluster.haproxy().client, "zombie", 6).await;
+    let (stop, count) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writers = start_writers(&lb, "zombie", 6, &stop, &count);
+    progress(&count, 200, Duration::from_secs(30)).await;
+    cluster.signal(1, "STOP");
+    // Past its lease, the others take its streams over and appends go on.
+    progress(&count, 300, Duration::from_secs(60)).await;
+    cluster.signal(1, "CONT");
+    // It finds itself taken over and rejoins as a new member.
+    cluster.wait_balanced(0, 3, Duration::from_secs(60)).await;
+    progress(&count, 200, Duration::from_secs(30)).await;
+    let failures = finish(&cluster, writers, &stop).await;
+    eprintln!(
+        "zombie: {} acknowledged, failures by status {failures:?}",
+        count.load(Ordering::Relaxed)
+    );
+    let log = cluster.node(1).log_text();
+    assert!(log.contains("rejoining as a new member"), "{log}");
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drains_and_joins_under_load_fail_nothing_but_retryable_503s() {
+    let mut cluster = TestCluster::start("drain", 2, LEASE).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    let lb = cluster.start_haproxy().await;
+    create_streams(&cluster.haproxy().client, "drain", 6).await;
+    let (stop, count) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writers = start_writers(&lb, "drain", 6, &stop, &count);
+    progress(&count, 200, Duration::from_secs(30)).await;
+    // Drain node-2 without stopping it: node-1 serves everything.
+    let r = cluster
+        .node(0)
+        .client
+        .post("/__picomq/nodes/node-2/drain", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    cluster.wait_balanced(0, 1, Duration::from_secs(30)).await;
+    progress(&count, 200, Duration::from_secs(30)).await;
+    let r = cluster
+        .node(0)
+        .client
+        .post("/__picomq/nodes/node-2/resume", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    progress(&count, 200, Duration::from_secs(30)).await;
+    // A third node joins and takes its share.
+    cluster.add_node().await;
+    cluster.wait_balanced(0, 3, Duration::from_secs(30)).await;
+    progress(&count, 200, Duration::from_secs(30)).await;
+    // SIGTERM hands node-1's streams over before it exits.
+    let status = cluster.node_mut(0).terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    cluster.wait_balanced(1, 2, Duration::from_secs(30)).await;
+    progress(&count, 200, Duration::from_secs(30)).await;
+    let failures = finish(&cluster, writers, &stop).await;
+    eprintln!(
+        "drain and join: {} acknowledged, failures by status {failures:?}",
+        count.load(Ordering::Relaxed)
+    );
+    assert!(
+        failures.keys().all(|s| *s == 503 || *s == 0),
+        "only retryable failures: {failures:?}"
+    );
+    cluster.shut_down().await;
+}

@@ -1,0 +1,185 @@
+//! A cluster for tests: nodes as `picomq serve` processes on one Postgres database
+//! of the test's own and one prefix of the S3 test server, and HAProxy in front
+//! (`.ci/haproxy.sh`, round robin with health checks). Nodes can be killed,
+//! paused (SIGSTOP), resumed and restarted on their own port and data directory.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use picomq_client::Client;
+use serde_json::Value;
+
+use crate::postgres::Database;
+use crate::{free_port, fresh_s3_url, Server, TempDir};
+
+pub struct TestCluster {
+    pub db: Database,
+    pub store: String,
+    pub nodes: Vec<Server>,
+    /// Flags every node gets besides the cluster's own.
+    extra: Vec<String>,
+    dirs: Vec<TempDir>,
+    haproxy: Option<Haproxy>,
+}
+
+pub struct Haproxy {
+    dir: TempDir,
+    pub url: String,
+    pub client: Client,
+}
+
+impl TestCluster {
+    /// `n` nodes (`node-1` ...) on a fresh database and bucket prefix, each with
+    /// `extra` flags, all ready.
+    pub async fn start(tag: &str, n: usize, extra: &[&str]) -> TestCluster {
+        let db = Database::create(tag).await;
+        let mut cluster = TestCluster {
+            db,
+            store: fresh_s3_url(tag),
+            nodes: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            dirs: Vec::new(),
+            haproxy: None,
+        };
+        for _ in 0..n {
+            cluster.add_node().await;
+        }
+        cluster
+    }
+
+    /// Starts one more node (it joins and takes its share).
+    pub async fn add_node(&mut self) -> usize {
+        let i = self.nodes.len();
+        let dir = TempDir::new(&format!("cluster-node-{}", i + 1));
+        let node_id = format!("node-{}", i + 1);
+        let mut args = vec![
+            "--meta".to_string(),
+            self.db.url.clone(),
+            "--store".to_string(),
+            self.store.clone(),
+            "--node-id".to_string(),
+            node_id,
+        ];
+        args.extend(self.extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::start_process(dir.path(), &args).await;
+        self.dirs.push(dir);
+        self.nodes.push(server);
+        i
+    }
+
+    pub fn node(&self, i: usize) -> &Server {
+        &self.nodes[i]
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut Server {
+        &mut self.nodes[i]
+    }
+
+    pub fn node_id(i: usize) -> String {
+        format!("node-{}", i + 1)
+    }
+
+    /// `kill -9` node `i`.
+    pub fn kill9(&mut self, i: usize) {
+        self.nodes[i].kill9();
+    }
+
+    /// Starts node `i` again (same port, node id and data directory; after a kill).
+    pub async fn restart(&mut self, i: usize) {
+        self.nodes[i].restart().await;
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT (`resume`) to node `i`.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.nodes[i].pid().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// HAProxy round robin over every node; its URL.
+    pub async fn start_haproxy(&mut self) -> String {
+        let dir = TempDir::new("haproxy");
+        let port = free_port();
+        let script = repo_root().join(".ci/haproxy.sh");
+        let backends: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let status = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(dir.path())
+            .arg(port.to_string())
+            .args(&backends)
+            .status()
+            .expect("run .ci/haproxy.sh");
+        assert!(status.success(), ".ci/haproxy.sh start failed");
+        let url = format!("http://127.0.0.1:{port}");
+        self.haproxy = Some(Haproxy {
+            dir,
+            client: Client::new(&url),
+            url: url.clone(),
+        });
+        url
+    }
+
+    pub fn haproxy(&self) -> &Haproxy {
+        self.haproxy.as_ref().expect("start_haproxy first")
+    }
+
+    /// `GET /__picomq/nodes` from node `i`.
+    pub async fn nodes_seen_by(&self, i: usize) -> Value {
+        let r = self.nodes[i]
+            .client
+            .get("/__picomq/nodes")
+            .await
+            .expect("GET /__picomq/nodes");
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        serde_json::from_slice(&r.body).expect("nodes JSON")
+    }
+
+    /// Waits until every running node is live with a share of the slots, as node
+    /// `via` sees them, and the slots add up.
+    pub async fn wait_balanced(&self, via: usize, running: usize, limit: Duration) {
+        crate::eventually(limit, || async {
+            let v = self.nodes_seen_by(via).await;
+            let live: Vec<&Value> = v["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["state"] == "live" && n["slots"].as_u64() > Some(0))
+                .collect();
+            let total: u64 = live.iter().filter_map(|n| n["slots"].as_u64()).sum();
+            (live.len() == running && total == 1024).then_some(())
+        })
+        .await
+    }
+
+    /// Stops HAProxy and every node, then drops the database.
+    pub async fn shut_down(mut self) {
+        if let Some(h) = self.haproxy.take() {
+            let _ = Command::new("bash")
+                .arg(repo_root().join(".ci/haproxy.sh"))
+                .arg("stop")
+                .arg(h.dir.path())
+                .status();
+        }
+        self.nodes.clear();
+        self.db.drop().await;
+    }
+}
+
+/// The repository's root (two levels above this crate).
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("repository root")
+        .to_path_buf()
+}
