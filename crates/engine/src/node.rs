@@ -117,11 +117,15 @@ impl Engine {
                 ))
             }
         };
+        // Recovery and takeovers make many requests and must finish as a whole: each
+        // request is retried on its own rather than the whole pass.
+        let patient: Arc<dyn ObjectStore> =
+            Arc::new(crate::store::retrying::RetryingStore::new(store.clone()));
         let recovered = match &coordinator {
             // A member recovers nothing itself: its log is new, and the logs of
             // members that died are taken over by the membership loop.
             Some((cluster, coord)) => {
-                let epoch = crate::cluster::membership::join(&*store, &**coord, cluster).await?;
+                let epoch = crate::cluster::membership::join(&*patient, &**coord, cluster).await?;
                 crate::recovery::Recovered {
                     epoch,
                     objects_replayed: 0,
@@ -129,7 +133,7 @@ impl Engine {
                     restored_from: None,
                 }
             }
-            None => crate::recovery::recover(&*store, &meta).await?,
+            None => crate::recovery::recover(&*patient, &meta).await?,
         };
         let wal_stats = store_stats
             .iter()
@@ -230,7 +234,7 @@ impl Engine {
         let takeover = cluster.as_ref().map(|c| {
             Arc::new(Takeover {
                 cluster: c.clone(),
-                store: store.clone(),
+                store: patient.clone(),
                 meta: meta.clone(),
                 on_applied: feed_packer(),
             })

@@ -23,6 +23,7 @@ use crate::error::{EngineError, Result};
 pub mod fault;
 pub mod instrumented;
 pub mod local_log;
+pub mod retrying;
 pub mod routed;
 
 /// Opens the object store named by `url`:
