@@ -3,6 +3,10 @@
 //! most one extra hop; the members' calls to each other (`peers`); the nodes
 //! endpoint (`nodes`). Which member serves what is the engine's (`Engine::cluster`).
 //!
+//! A request whose answer was lost after it was sent (the owner died under it) is
+//! sent again to the next owner only if doing so cannot apply it twice (reads,
+//! creates, appends with producer headers); any other gets 503 at once.
+//!
 //! At most one hop: a forwarded request carries [`FORWARDED_BY`]. A member that gets
 //! one for a stream it does not serve never forwards it again: it reads the slot's
 //! owner from the store (the sender may know of a hand-over this member has not
@@ -156,6 +160,14 @@ pub async fn route(
                         edge.stats.forwarded.inc();
                         return Ok(Decision::Answered(resp));
                     }
+                    Err(proxy::ForwardError::Lost(e)) if !repeatable(method, headers) => {
+                        // The owner may have made it durable before it went: sending
+                        // it again could apply it twice. The client decides.
+                        edge.stats.forward_failures.inc();
+                        return Err(ApiError::from(picomq_engine::EngineError::Unavailable(format!(
+                            "the node serving this stream ({node_id}) failed while handling the request ({e}), so whether it took effect is unknown; appends with Producer-Id headers can be retried safely"
+                        ))));
+                    }
                     Err(e) => {
                         edge.stats.forward_failures.inc();
                         tracing::debug!(owner = %node_id, error = %e, "forwarding failed; waiting for the stream's owner to change");
@@ -179,6 +191,16 @@ pub async fn route(
             }
         }
     }
+}
+
+/// Whether a request whose answer was lost may be sent again to the next owner:
+/// reads, creates (a second create of the same stream is answered 200), and
+/// appends an idempotent producer sends (the owner drops the duplicate).
+fn repeatable(method: &Method, headers: &HeaderMap) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT
+    ) || (*method == Method::POST && headers.contains_key("producer-id"))
 }
 
 /// Waits for the cluster table to change; `false` once `deadline` passed.

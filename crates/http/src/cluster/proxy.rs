@@ -44,8 +44,13 @@ pub struct Proxy {
 pub enum ForwardError {
     #[error("invalid forwarded request: {0}")]
     Request(String),
+    /// The request never reached the member (no connection): safe to send again.
     #[error("{0}")]
     Unreachable(String),
+    /// The request was sent and no answer came (the member died or cut the
+    /// connection): it may or may not have taken effect.
+    #[error("{0}")]
+    Lost(String),
 }
 
 impl Proxy {
@@ -94,11 +99,13 @@ impl Proxy {
             HeaderName::from_static(FORWARDED_BY),
             HeaderValue::from_str(from_node).map_err(|e| ForwardError::Request(e.to_string()))?,
         );
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| ForwardError::Unreachable(describe(&e)))?;
+        let resp = self.client.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                ForwardError::Unreachable(describe(&e))
+            } else {
+                ForwardError::Lost(describe(&e))
+            }
+        })?;
         let (mut parts, incoming) = resp.into_parts();
         for name in &HOP_BY_HOP {
             parts.headers.remove(name);
