@@ -163,15 +163,20 @@ impl TestCluster {
 
     /// Stops HAProxy and every node, then drops the database.
     pub async fn shut_down(mut self) {
-        if let Some(h) = self.haproxy.take() {
-            let _ = Command::new("bash")
-                .arg(repo_root().join(".ci/haproxy.sh"))
-                .arg("stop")
-                .arg(h.dir.path())
-                .status();
-        }
+        self.haproxy = None;
         self.nodes.clear();
         self.db.drop().await;
+    }
+}
+
+/// HAProxy stops with its handle, also when a test fails and unwinds.
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join(".ci/haproxy.sh"))
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
