@@ -7,6 +7,9 @@
 # (target, restart, age). Targets:
 #   local    picomq serve, defaults (local-directory store with fsync, SQLite)
 #   s3-like  the same with --store-latency 20ms on every object-store request
+#   s3-restart  written on the local store at full speed (as much as `local`), then
+#            restarted with --store-latency 20ms: a large stream read cold over S3
+#            latency (s3-like writes little: every flush waits out the latency)
 #   peer     @durable-streams/server (file store, benchmarks/peer-server.mjs)
 # Output: results/cold-read.txt (one Markdown table) + per run, in
 # results/json/cold-read/: TAG.json (everything), TAG-requests.csv (one line per
@@ -17,7 +20,7 @@
 #   AGES="60" TARGETS="local peer" RESTART="kill term" benchmarks/cold-read.sh
 #
 # Settings (environment): AGES (s, "1 60 900"; QUICK=1: "1 10"), TARGETS ("local
-# s3-like peer"), RESTART (kill = SIGKILL, term = SIGTERM and wait for the exit;
+# s3-like s3-restart peer"), RESTART (kill = SIGKILL, term = SIGTERM and wait for the exit;
 # a list runs each; default kill), WRITE_SECS (15), READ_TIMEOUT (s per request,
 # 120), READ_CAP (s per read, 600), NAME (output names, cold-read), PICOMQ_BIN
 # (a binary to use instead of building; PICOMQ_BUILD describes it in the note).
@@ -52,7 +55,7 @@ NAME=${NAME:-cold-read}
 OUT="$RESULTS/$NAME.txt"
 JSON="$RESULTS/json/$NAME"
 if [ "${QUICK:-0}" = 1 ]; then AGES=${AGES:-"1 10"}; else AGES=${AGES:-"1 60 900"}; fi
-TARGETS=${TARGETS:-"local s3-like peer"}
+TARGETS=${TARGETS:-"local s3-like s3-restart peer"}
 RESTART=${RESTART:-kill}
 WRITE_SECS=${WRITE_SECS:-15}
 READ_TIMEOUT=${READ_TIMEOUT:-120}
@@ -69,16 +72,17 @@ if ! command -v wrk >/dev/null; then
 fi
 case " $TARGETS " in *" peer "*) install_peer ;; esac
 
-picomq_flags() { # TARGET -> serve flags
+picomq_flags() { # TARGET [PHASE: write|read] -> serve flags
   case $1 in
     local) ;;
     s3-like) echo --store-latency 20ms ;;
+    s3-restart) [ "${2:-read}" = write ] || echo --store-latency 20ms ;;
     *) echo "unknown target $1" >&2 && return 1 ;;
   esac
 }
 
-serve() { # TARGET DIR PORT: start (or restart) a server on DIR
-  local target=$1 dir=$2 port=$3
+serve() { # TARGET DIR PORT PHASE: start (or restart) a server on DIR
+  local target=$1 dir=$2 port=$3 phase=$4
   if [ "$target" = peer ]; then
     PORT=$port DATA_DIR="$dir" node "$PEER_DIR/peer-server.mjs" >>"$dir.log" 2>&1 &
     SERVER_PID=$!
@@ -86,7 +90,7 @@ serve() { # TARGET DIR PORT: start (or restart) a server on DIR
     wait_http "http://127.0.0.1:$port/" 300
   else
     local flags
-    flags=$(picomq_flags "$target")
+    flags=$(picomq_flags "$target" "$phase")
     # shellcheck disable=SC2086
     "$PICOMQ" serve --listen "127.0.0.1:$port" --data-dir "$dir" $flags >>"$dir.log" 2>&1 &
     SERVER_PID=$!
@@ -113,7 +117,7 @@ run() { # TARGET RESTART AGE
   port=$(free_port)
   base="http://127.0.0.1:$port"
   mkdir -p "$dir"
-  serve "$target" "$dir" "$port"
+  serve "$target" "$dir" "$port" write
   for ((s = 0; s < STREAMS; s++)); do
     curl -sf -o /dev/null -X PUT -H 'content-type: application/json' "$base$PREFIX$s"
   done
@@ -127,7 +131,7 @@ run() { # TARGET RESTART AGE
   m2=$(python3 "$DRIVER" metrics "$base")
   t0=$(now)
   stop "$mode"
-  serve "$target" "$dir" "$port"
+  serve "$target" "$dir" "$port" read
   t1=$(now)
   m3=$(python3 "$DRIVER" metrics "$base")
   local lo hi
@@ -165,7 +169,7 @@ write_out() {
     echo "# Cold reads at any age: $STREAMS JSON streams, ${RECORD_BYTES} B records one per POST, one connection per stream (wrk), ${WRITE_SECS} s; AGE s later a restart; stream 0 read from offset=-1 with catch-up GETs"
     echo "$NOTE"
     echo "commit:  $(git -C "$REPO" rev-parse --short HEAD)${PICOMQ_BIN:+ (of the checkout the script ran from; the binary is the picomq line)}"
-    echo "targets: local = picomq serve (defaults), s3-like = picomq serve --store-latency 20ms, peer = @durable-streams/server@$PEER_VERSION (file store) on Node $(node -v 2>/dev/null || echo -)"
+    echo "targets: local = picomq serve (defaults), s3-like = picomq serve --store-latency 20ms, s3-restart = written with defaults, restarted with --store-latency 20ms, peer = @durable-streams/server@$PEER_VERSION (file store) on Node $(node -v 2>/dev/null || echo -)"
     echo "restart: kill = SIGKILL, term = SIGTERM and wait for the exit; then the same command on the same data dir"
     echo
     {
