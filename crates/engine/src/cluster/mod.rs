@@ -144,7 +144,8 @@ impl Cluster {
 
     /// Whether this node may serve `slot` now: it owns it and its lease holds.
     pub fn owns(&self, slot: u32) -> bool {
-        self.owned[slot as usize].load(Ordering::Acquire) != 0 && self.lease.is_valid()
+        // SeqCst, as in `disown`: see `Service::submit` for why the order matters.
+        self.owned[slot as usize].load(Ordering::SeqCst) != 0 && self.lease.is_valid()
     }
 
     /// `Err(NotOwner)` unless this node may serve the stream `name` now.
@@ -271,7 +272,7 @@ impl Cluster {
 
     /// Stops serving `slot` (before its streams are handed over).
     fn disown(&self, slot: u32) {
-        if self.owned[slot as usize].swap(0, Ordering::AcqRel) != 0 {
+        if self.owned[slot as usize].swap(0, Ordering::SeqCst) != 0 {
             self.stats.slots_lost.inc();
         }
     }

@@ -181,11 +181,23 @@ impl Service {
             let v = existing.view();
             v.evicted || v.lifecycle == Lifecycle::Deleted
         });
-        if !Arc::ptr_eq(&active, &handle) {
+        let lost_race = !Arc::ptr_eq(&active, &handle);
+        // A hand-over of the slot may have passed since the name was resolved; it
+        // did not see this handle, so it is not left behind (see `submit`).
+        let moved = !lost_race && !self.serves(&req.name);
+        if moved {
+            handle.retire();
+            self.inner.registry.remove(&handle);
+        }
+        if lost_race || moved {
             if let Some((url, source_id, pin)) = shape.pin.take() {
                 self.unpin_remote_fork(url, source_id, pin);
             }
-            return Ok(None);
+            return if moved {
+                Err(EngineError::NotOwner)
+            } else {
+                Ok(None)
+            };
         }
         let pin = shape.pin.take();
         let create = CreateOp {
@@ -369,7 +381,7 @@ impl Service {
         if req.retention_secs.is_some() {
             // The create op predates retention; the setting travels as its own op.
             let secs = req.retention_secs;
-            self.submit(handle, 2, Op::SetRetention { secs })?;
+            self.submit_more(handle, 2, Op::SetRetention { secs })?;
             st.retention_secs = secs;
             st.next_op = 3;
         }
@@ -377,7 +389,7 @@ impl Service {
             let op = self.build_append(&mut st, records, req.closed, None, None);
             // The create is queued; if this fails the stream exists, empty.
             let op_no = st.next_op;
-            self.submit(handle, op_no, Op::Append(op.clone()))?;
+            self.submit_more(handle, op_no, Op::Append(op.clone()))?;
             self.commit_append(&mut st, op_no, &op);
         }
         Ok(st.next_op - 1)

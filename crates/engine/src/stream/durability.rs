@@ -84,7 +84,23 @@ impl Service {
         }
     }
 
+    /// Queues `op` for the WAL; called under the handle's lock. In a cluster it
+    /// first checks, under that lock, that this node still serves the stream: a
+    /// hand-over stops serving the slot (`Cluster::disown`), then retires every
+    /// registered handle of it (under their locks) and waits for what they
+    /// submitted. An op that saw the slot served is therefore on a handle the
+    /// hand-over retires and waits for (both sides are SeqCst, and the handle was
+    /// registered before it could be found); one that did not is refused here.
     pub(crate) fn submit(&self, handle: &Arc<StreamHandle>, op_no: u64, op: Op) -> Result<()> {
+        if !self.serves(&handle.config.name) {
+            return Err(EngineError::NotOwner);
+        }
+        self.submit_more(handle, op_no, op)
+    }
+
+    /// `submit` for the ops that follow a checked one under the same lock hold (a
+    /// create's initial data): they go with it, whatever ownership did since.
+    pub(crate) fn submit_more(&self, handle: &Arc<StreamHandle>, op_no: u64, op: Op) -> Result<()> {
         self.inner.wal.submit(Submission {
             stream_id: handle.config.id,
             op_no,

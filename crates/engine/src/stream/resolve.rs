@@ -124,10 +124,17 @@ impl Service {
         self.check_capacity()?;
         let producers = self.inner.meta.producers(row.id).await?;
         let handle = self.handle_from_row(row, producers)?;
-        let active = self.inner.registry.insert(handle, |existing| {
+        let active = self.inner.registry.insert(handle.clone(), |existing| {
             let v = existing.view();
             v.evicted || v.lifecycle == Lifecycle::Deleted
         });
+        // A hand-over of the slot may have passed while the row was read; it did
+        // not see this handle, so it must not stay behind (see `submit`).
+        if Arc::ptr_eq(&active, &handle) && !self.serves(&active.config.name) {
+            handle.retire();
+            self.inner.registry.remove(&handle);
+            return Err(EngineError::NotOwner);
+        }
         Ok(Some(active))
     }
 

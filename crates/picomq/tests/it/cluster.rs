@@ -355,6 +355,72 @@ fn start_writers(
         .collect()
 }
 
+/// Until `stop`: creates a new stream, appends one record to it at once (the two
+/// may straddle a hand-over of its slot) and reads it back. Only 503s and lost
+/// answers are retried; a stream that is missing right after its creation was
+/// acknowledged, or a record that is not there once, fails the test. Returns how
+/// many streams it created.
+async fn create_and_append(url: String, tag: &'static str, stop: Arc<AtomicBool>) -> u64 {
+    let client = Client::new(&url);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let path = format!("/{tag}/c{n}");
+        let record = format!("c{n};");
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            assert!(tries < 400, "{path}: no answer but 503 for too long");
+            let created = client
+                .put(&path, &[("content-type", "text/plain")], "")
+                .await;
+            match created {
+                Ok(r) if r.status.is_success() => break,
+                Ok(r) if r.status.as_u16() == 503 => {}
+                Ok(r) => panic!("{path}: create answered {}: {}", r.status, r.text()),
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let headers = [
+            ("content-type", "text/plain"),
+            ("producer-id", "creator"),
+            ("producer-epoch", "0"),
+            ("producer-seq", "0"),
+        ];
+        loop {
+            tries += 1;
+            assert!(tries < 800, "{path}: no answer but 503 for too long");
+            match client.post(&path, &headers, record.clone()).await {
+                Ok(r) if r.status.is_success() => break,
+                Ok(r) if r.status.as_u16() == 503 => {}
+                Ok(r) => panic!(
+                    "{path}: append right after the create answered {}: {}",
+                    r.status,
+                    r.text()
+                ),
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        loop {
+            tries += 1;
+            assert!(tries < 1200, "{path}: no answer but 503 for too long");
+            match client.get(&format!("{path}?offset=-1")).await {
+                Ok(r) if r.status.as_u16() == 200 => {
+                    assert_eq!(r.text(), record, "{path}");
+                    break;
+                }
+                Ok(r) if r.status.as_u16() == 503 => {}
+                Ok(r) => panic!("{path}: read answered {}: {}", r.status, r.text()),
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        n += 1;
+    }
+    n
+}
+
 async fn create_streams(client: &Client, tag: &str, n: usize) {
     for i in 0..n {
         let r = client
@@ -467,6 +533,7 @@ async fn drains_and_joins_under_load_fail_nothing_but_retryable_503s() {
         Arc::new(AtomicU64::new(0)),
     );
     let writers = start_writers(&lb, "drain", 6, &stop, &count);
+    let creator = tokio::spawn(create_and_append(lb.clone(), "drain", stop.clone()));
     progress(&count, 200, Duration::from_secs(30)).await;
     // Drain node-2 without stopping it: node-1 serves everything.
     let r = cluster
@@ -497,10 +564,12 @@ async fn drains_and_joins_under_load_fail_nothing_but_retryable_503s() {
     cluster.wait_balanced(1, 2, Duration::from_secs(30)).await;
     progress(&count, 200, Duration::from_secs(30)).await;
     let failures = finish(&cluster, writers, &stop).await;
+    let created = creator.await.unwrap();
     eprintln!(
-        "drain and join: {} acknowledged, failures by status {failures:?}",
+        "drain and join: {} acknowledged, failures by status {failures:?}; {created} streams created and appended to meanwhile",
         count.load(Ordering::Relaxed)
     );
+    assert!(created > 0, "no stream created during the moves");
     assert!(
         failures.keys().all(|s| *s == 503 || *s == 0),
         "only retryable failures: {failures:?}"
