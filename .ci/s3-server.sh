@@ -9,6 +9,7 @@
 #                                PICOMQ_CI_S3_BUCKET)
 #   .ci/s3-server.sh stop DIR    stop the server started with DIR
 #
+# PICOMQ_S3_TEST_SERVER=PATH uses that binary instead of building one.
 # Objects live under DIR/root. The bucket is `picomq-ci`; use any prefix in it, e.g.
 #   . DIR/env && picomq serve --store "s3://$PICOMQ_CI_S3_BUCKET/run-1"
 set -euo pipefail
@@ -23,11 +24,15 @@ case "$cmd" in
 start)
   mkdir -p "$dir/root"
   dir=$(cd "$dir" && pwd)
-  # The whole workspace, so features unify as in the main build (a no-op after it).
-  (cd "$ROOT" && cargo build --release --workspace)
-  target=${CARGO_TARGET_DIR:-$ROOT/target}
+  if [ -n "${PICOMQ_S3_TEST_SERVER:-}" ]; then
+    server=$PICOMQ_S3_TEST_SERVER # a binary built before (benchmarks)
+  else
+    # The whole workspace, so features unify as in the main build (a no-op after it).
+    (cd "$ROOT" && cargo build --release --workspace)
+    server=${CARGO_TARGET_DIR:-$ROOT/target}/release/picomq-s3-test-server
+  fi
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$target/release/picomq-s3-test-server" --listen "127.0.0.1:$port" --root "$dir/root" \
+  "$server" --listen "127.0.0.1:$port" --root "$dir/root" \
     --bucket "$BUCKET" >"$dir/log" 2>&1 &
   echo $! >"$dir/pid"
   for _ in $(seq 1 100); do
