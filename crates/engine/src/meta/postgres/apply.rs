@@ -42,10 +42,10 @@ pub(super) const TOUCH_SQL: &str = concat!(
 /// updates and producer stamps go in as one statement each per flush; the rare ops
 /// (deletes, trims, relocations, tokens) land what is batched before them first.
 ///
-/// For a cluster member (`member`), the batch first moves each log's
-/// `members.applied_seq`, and only while the member may index that log: its own
-/// while it runs, another's while it is the one sealing it. Otherwise nothing is
-/// written ([`EngineError::Fenced`]): a member whose log was taken over never writes
+/// For a cluster member (`member`), the batch also moves each log's
+/// `members.applied_seq` (last, just before the commit), and only while the member
+/// may index that log: its own while it runs, another's while it is the one
+/// sealing it. Otherwise the whole batch is rolled back ([`EngineError::Fenced`]): a member whose log was taken over never writes
 /// an older object's effects over what its successor indexed since. Members get
 /// stream ids from the coordinator, so the single watermark and id are left alone.
 pub(super) async fn apply(
@@ -54,9 +54,6 @@ pub(super) async fn apply(
     member: Option<u64>,
 ) -> Result<()> {
     let mut tx = pool.begin().await?;
-    if let Some(me) = member {
-        fence(&mut tx, me, objects).await?;
-    }
     let mut next_id: Option<u64> = None;
     let mut pending = Pending::default();
     for object in objects {
@@ -73,16 +70,19 @@ pub(super) async fn apply(
         }
     }
     pending.flush(&mut tx).await?;
-    if member.is_none() {
-        set_state(&mut tx, objects.last(), next_id).await?;
+    match member {
+        // Last, so the member row is locked only from here to the commit: the
+        // lease renewal updates the same row and must not wait behind a batch.
+        Some(me) => fence(&mut tx, me, objects).await?,
+        None => set_state(&mut tx, objects.last(), next_id).await?,
     }
     tx.commit().await?;
     Ok(())
 }
 
 /// Moves `applied_seq` of each log in the batch, if `me` may index it; locks the
-/// member rows until the batch commits, so a takeover that begins meanwhile reads
-/// where this batch ends.
+/// member rows until the batch commits, so a takeover that begins meanwhile waits
+/// and reads where this batch ends, and one that began before fences the batch.
 async fn fence(tx: &mut PgConnection, me: u64, objects: &[FlushedObject]) -> Result<()> {
     let mut next: Vec<(u64, u64)> = Vec::new();
     for o in objects {
