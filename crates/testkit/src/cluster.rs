@@ -15,6 +15,8 @@ use crate::{free_port, fresh_s3_url, Server, TempDir};
 
 pub struct TestCluster {
     pub db: Database,
+    /// What the nodes get as `--meta`: the database's URL, or a way to it.
+    meta_url: String,
     pub store: String,
     pub nodes: Vec<Server>,
     /// Flags every node gets besides the cluster's own.
@@ -33,8 +35,20 @@ impl TestCluster {
     /// `n` nodes (`node-1` ...) on a fresh database and bucket prefix, each with
     /// `extra` flags, all ready.
     pub async fn start(tag: &str, n: usize, extra: &[&str]) -> TestCluster {
+        TestCluster::start_reaching_db(tag, n, extra, |url| url.to_string()).await
+    }
+
+    /// `start`, the nodes reaching the database at the URL `reach` makes of its own
+    /// (e.g. through a relay that can cut them off, `tcp_cut`).
+    pub async fn start_reaching_db(
+        tag: &str,
+        n: usize,
+        extra: &[&str],
+        reach: impl Fn(&str) -> String,
+    ) -> TestCluster {
         let db = Database::create(tag).await;
         let mut cluster = TestCluster {
+            meta_url: reach(&db.url),
             db,
             store: fresh_s3_url(tag),
             nodes: Vec::new(),
@@ -55,7 +69,7 @@ impl TestCluster {
         let node_id = format!("node-{}", i + 1);
         let mut args = vec![
             "--meta".to_string(),
-            self.db.url.clone(),
+            self.meta_url.clone(),
             "--store".to_string(),
             self.store.clone(),
             "--node-id".to_string(),

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod cluster;
 pub mod postgres;
 mod server;
+pub mod tcp_cut;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

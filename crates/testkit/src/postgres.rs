@@ -94,3 +94,20 @@ where
         std::panic::resume_unwind(panic);
     }
 }
+
+/// The host and port of the server `PICOMQ_TEST_PG_URL` names.
+pub fn server_addr() -> std::net::SocketAddr {
+    let url = url::Url::parse(&server_url()).expect("PICOMQ_TEST_PG_URL is a URL");
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port().unwrap_or(5432);
+    format!("{host}:{port}")
+        .parse()
+        .expect("PICOMQ_TEST_PG_URL names an IP address and port")
+}
+
+/// `url` with its port replaced by `port` (a database reached through a relay).
+pub fn with_port(url: &str, port: u16) -> String {
+    let mut url = url::Url::parse(url).expect("a database URL");
+    url.set_port(Some(port)).expect("a URL with a host");
+    url.to_string()
+}

@@ -17,6 +17,25 @@ use support::cluster::TestCluster;
 /// Short leases keep the tests short; the default (5 s) is the benchmark's.
 const LEASE: &[&str] = &["--lease", "2s"];
 
+/// A PUT retried while the answer is 503 (a lease renewal late on a loaded
+/// machine, a slot changing hands), as a client honouring `Retry-After` does; at
+/// most 20 s.
+async fn put_until_not_503(
+    client: &Client,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &'static str,
+) -> picomq_client::Response {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = client.put(path, headers, body).await.unwrap();
+        if r.status.as_u16() != 503 || std::time::Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn served_by(r: &picomq_client::Response) -> String {
     r.header("picomq-served-by").unwrap_or("?").to_string()
 }
@@ -147,12 +166,13 @@ async fn redirect_mode_sends_clients_to_the_owner() {
     cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
     for i in 0..20 {
         let path = format!("/redirect/s{i}");
-        let r = cluster
-            .node(0)
-            .client
-            .put(&path, &[("content-type", "text/plain")], "")
-            .await
-            .unwrap();
+        let r = put_until_not_503(
+            &cluster.node(0).client,
+            &path,
+            &[("content-type", "text/plain")],
+            "",
+        )
+        .await;
         match r.status.as_u16() {
             201 => assert_eq!(served_by(&r), TestCluster::node_id(0)),
             307 => {
@@ -175,25 +195,16 @@ async fn forks_and_deletes_across_nodes() {
     // A source on one node and a fork on the other.
     let owner_of = |r: &picomq_client::Response| served_by(r);
     let c = &cluster.node(0).client;
-    let r = c
-        .put("/forks/src", &[("content-type", "text/plain")], "abc")
-        .await
-        .unwrap();
+    let r = put_until_not_503(c, "/forks/src", &[("content-type", "text/plain")], "abc").await;
     let src_owner = owner_of(&r);
     let mut fork = None;
     for i in 0..64 {
         let path = format!("/forks/f{i}");
-        let r = c
-            .put(
-                &path,
-                &[
-                    ("content-type", "text/plain"),
-                    ("stream-forked-from", "/forks/src"),
-                ],
-                "",
-            )
-            .await
-            .unwrap();
+        let headers = [
+            ("content-type", "text/plain"),
+            ("stream-forked-from", "/forks/src"),
+        ];
+        let r = put_until_not_503(c, &path, &headers, "").await;
         assert_eq!(r.status.as_u16(), 201, "{}", r.text());
         if owner_of(&r) != src_owner {
             fork = Some(path);
@@ -278,11 +289,11 @@ async fn write(url: String, mut w: Writer, stop: Arc<AtomicBool>, count: Arc<Ato
                         };
                         panic!("{}: append answered {status}: {text}", w.path);
                     }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     if !w.idempotent {
                         w.unknown.push(record.clone());
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
@@ -572,6 +583,68 @@ async fn drains_and_joins_under_load_fail_nothing_but_retryable_503s() {
     assert!(created > 0, "no stream created during the moves");
     assert!(
         failures.keys().all(|s| *s == 503 || *s == 0),
+        "only retryable failures: {failures:?}"
+    );
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cut_off_for_30s_fails_fast_with_503_and_heals() {
+    // The nodes reach Postgres through a relay that can cut them off: a network
+    // partition from the metadata store, Postgres itself staying up.
+    let relay = support::tcp_cut::TcpCut::start(support::postgres::server_addr()).await;
+    let port = relay.port;
+    let mut cluster = TestCluster::start_reaching_db("pgcut", 2, LEASE, |db| {
+        support::postgres::with_port(db, port)
+    })
+    .await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    let lb = cluster.start_haproxy().await;
+    create_streams(&cluster.haproxy().client, "pgcut", 4).await;
+    let (stop, count) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writers = start_writers(&lb, "pgcut", 4, &stop, &count);
+    progress(&count, 200, Duration::from_secs(30)).await;
+
+    relay.cut();
+    // Within a lease no node can prove it owns anything: acknowledgements stop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stalled = count.load(Ordering::Relaxed);
+    let node = &cluster.node(0).client;
+    let started = std::time::Instant::now();
+    let r = node
+        .post("/pgcut/w0", &[("content-type", "text/plain")], "x;")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert!(r.header("retry-after").is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "the 503 took {:?}",
+        started.elapsed()
+    );
+    let ready = node.get("/readyz").await.unwrap();
+    assert_eq!(ready.status.as_u16(), 503, "{}", ready.text());
+    tokio::time::sleep(Duration::from_secs(27)).await;
+    assert_eq!(
+        count.load(Ordering::Relaxed),
+        stalled,
+        "appends acknowledged while no node could reach Postgres"
+    );
+
+    relay.heal();
+    // By itself: leases come back (or a node is taken over and rejoins).
+    cluster.wait_balanced(0, 2, Duration::from_secs(60)).await;
+    progress(&count, 200, Duration::from_secs(60)).await;
+    let failures = finish(&cluster, writers, &stop).await;
+    eprintln!(
+        "postgres cut off: {} acknowledged, failures by status {failures:?}",
+        count.load(Ordering::Relaxed)
+    );
+    assert!(
+        failures.keys().all(|s| matches!(s, 0 | 502 | 503)),
         "only retryable failures: {failures:?}"
     );
     cluster.shut_down().await;
