@@ -609,8 +609,19 @@ async fn postgres_cut_off_for_30s_fails_fast_with_503_and_heals() {
     progress(&count, 200, Duration::from_secs(30)).await;
 
     relay.cut();
-    // Within a lease no node can prove it owns anything: acknowledgements stop.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cut_at = std::time::Instant::now();
+    // Within a lease no node can prove it owns anything: each turns unready, and
+    // an unready node acknowledges nothing.
+    support::eventually(Duration::from_secs(10), || async {
+        for i in 0..2 {
+            let r = cluster.node(i).client.get("/readyz").await.ok()?;
+            if r.status.as_u16() != 503 {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
     let stalled = count.load(Ordering::Relaxed);
     let node = &cluster.node(0).client;
     let started = std::time::Instant::now();
@@ -627,7 +638,8 @@ async fn postgres_cut_off_for_30s_fails_fast_with_503_and_heals() {
     );
     let ready = node.get("/readyz").await.unwrap();
     assert_eq!(ready.status.as_u16(), 503, "{}", ready.text());
-    tokio::time::sleep(Duration::from_secs(27)).await;
+    // The rest of the 30 s outage.
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(cut_at.elapsed())).await;
     assert_eq!(
         count.load(Ordering::Relaxed),
         stalled,
