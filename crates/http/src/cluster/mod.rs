@@ -200,7 +200,7 @@ fn repeatable(method: &Method, headers: &HeaderMap) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT
-    ) || (*method == Method::POST && headers.contains_key("producer-id"))
+    ) || (*method == Method::POST && headers.contains_key(crate::headers::PRODUCER_ID))
 }
 
 /// Waits for the cluster table to change; `false` once `deadline` passed.
