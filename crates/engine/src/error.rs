@@ -73,13 +73,57 @@ impl From<Invalid> for EngineError {
 }
 
 impl From<sqlx::Error> for EngineError {
+    /// A metadata store that cannot be reached, or that asks to be retried, is a
+    /// 503 like an unreachable object store; anything else is a bug (500).
     fn from(e: sqlx::Error) -> Self {
-        EngineError::Internal(format!("metadata store: {e}"))
+        if metadata_store_unavailable(&e) {
+            EngineError::Unavailable(format!("metadata store unavailable: {e}; retry"))
+        } else {
+            EngineError::Internal(format!("metadata store: {e}"))
+        }
+    }
+}
+
+/// Connection failures, an exhausted or closed pool, and the SQLSTATE classes that
+/// say "not now" (08 connection exception, 53 insufficient resources, 57 operator
+/// intervention such as a shutdown, 40001/40P01 serialization failure and deadlock).
+fn metadata_store_unavailable(e: &sqlx::Error) -> bool {
+    use sqlx::Error as E;
+    match e {
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+        E::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57")
+                || code == "40001"
+                || code == "40P01"
+        }),
+        _ => false,
     }
 }
 
 impl From<object_store::Error> for EngineError {
     fn from(e: object_store::Error) -> Self {
         EngineError::Unavailable(format!("object store: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod sqlx_error_tests {
+    use super::EngineError;
+
+    #[test]
+    fn an_unreachable_metadata_store_is_retryable_and_a_bug_is_not() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        for e in [sqlx::Error::Io(reset), sqlx::Error::PoolTimedOut] {
+            assert!(
+                matches!(EngineError::from(e), EngineError::Unavailable(_)),
+                "transient"
+            );
+        }
+        assert!(matches!(
+            EngineError::from(sqlx::Error::RowNotFound),
+            EngineError::Internal(_)
+        ));
     }
 }
