@@ -87,10 +87,18 @@ impl From<sqlx::Error> for EngineError {
 /// Connection failures, an exhausted or closed pool, and the SQLSTATE classes that
 /// say "not now" (08 connection exception, 53 insufficient resources, 57 operator
 /// intervention such as a shutdown, 40001/40P01 serialization failure and deadlock).
+/// A protocol error is one too: sqlx reports a connection closed during its start-up
+/// handshake as one ("unexpected response from SSLRequest: 0x00"), and the
+/// connection is discarded, so a retry starts on a fresh one.
 fn metadata_store_unavailable(e: &sqlx::Error) -> bool {
     use sqlx::Error as E;
     match e {
-        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+        E::Io(_)
+        | E::Tls(_)
+        | E::Protocol(_)
+        | E::PoolTimedOut
+        | E::PoolClosed
+        | E::WorkerCrashed => true,
         E::Database(db) => db.code().is_some_and(|code| {
             code.starts_with("08")
                 || code.starts_with("53")
@@ -115,7 +123,13 @@ mod sqlx_error_tests {
     #[test]
     fn an_unreachable_metadata_store_is_retryable_and_a_bug_is_not() {
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        for e in [sqlx::Error::Io(reset), sqlx::Error::PoolTimedOut] {
+        let closed_in_handshake =
+            sqlx::Error::Protocol("unexpected response from SSLRequest: 0x00".into());
+        for e in [
+            sqlx::Error::Io(reset),
+            sqlx::Error::PoolTimedOut,
+            closed_in_handshake,
+        ] {
             assert!(
                 matches!(EngineError::from(e), EngineError::Unavailable(_)),
                 "transient"
