@@ -378,8 +378,15 @@ impl Engine {
             sched.every(Every::writer("compaction", interval), move || {
                 let (compactor, job) = (compactor.clone(), job.clone());
                 async move {
-                    if crate::cluster::holds_job(job.as_deref(), MAINTENANCE_JOB, interval).await {
-                        compactor.scheduled_pass().await
+                    let held = move || {
+                        let job = job.clone();
+                        async move {
+                            crate::cluster::holds_job(job.as_deref(), MAINTENANCE_JOB, interval)
+                                .await
+                        }
+                    };
+                    if held().await {
+                        compactor.scheduled_pass(held).await
                     }
                 }
             });

@@ -158,21 +158,41 @@ impl TestCluster {
         serde_json::from_slice(&r.body).expect("nodes JSON")
     }
 
-    /// Waits until every running node is live with a share of the slots, as node
-    /// `via` sees them, and the slots add up.
+    /// Waits until every running node is live with at least three quarters of a
+    /// fair share of the slots, as node `via` sees them, the slots add up, and the
+    /// shares held still for a second (no hand-over under way).
     pub async fn wait_balanced(&self, via: usize, running: usize, limit: Duration) {
-        crate::eventually(limit, || async {
+        let deadline = std::time::Instant::now() + limit;
+        let mut last: Option<Vec<(String, u64)>> = None;
+        loop {
             let v = self.nodes_seen_by(via).await;
-            let live: Vec<&Value> = v["nodes"]
+            let mut shares: Vec<(String, u64)> = v["nodes"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter(|n| n["state"] == "live" && n["slots"].as_u64() > Some(0))
+                .map(|n| {
+                    let id = n["nodeId"].as_str().unwrap_or("?").to_string();
+                    (id, n["slots"].as_u64().unwrap_or(0))
+                })
                 .collect();
-            let total: u64 = live.iter().filter_map(|n| n["slots"].as_u64()).sum();
-            (live.len() == running && total == 1024).then_some(())
-        })
-        .await
+            shares.sort();
+            let total: u64 = shares.iter().map(|(_, n)| n).sum();
+            let fair = 1024 / running.max(1) as u64;
+            let even = shares.len() == running
+                && total == 1024
+                && shares.iter().all(|(_, n)| *n * 4 >= fair * 3);
+            if even && last.as_ref() == Some(&shares) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster did not balance within {limit:?}: {v}"
+            );
+            let pause = if even { 1000 } else { 100 };
+            last = even.then_some(shares);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
     }
 
     /// Stops HAProxy and every node, then drops the database.

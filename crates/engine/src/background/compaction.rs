@@ -217,12 +217,31 @@ impl Compactor {
 
     /// Compacts everything older than the configured delay (or `delay` if given).
     pub async fn pass(&self, delay: Option<Duration>) -> Result<PassReport> {
+        self.pass_while(delay, || std::future::ready(true)).await
+    }
+
+    /// [`pass`](Self::pass), asking `still_ours` before every round after the first
+    /// and stopping when it says no: in a cluster it renews the maintenance job's
+    /// lease, so a pass longer than the lease never overlaps another member's.
+    pub async fn pass_while<F, Fut>(
+        &self,
+        delay: Option<Duration>,
+        still_ours: F,
+    ) -> Result<PassReport>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
         let mut report = PassReport::default();
+        let mut first = true;
         let Some(cutoff) = self.cutoff(delay.unwrap_or(self.config.delay)).await? else {
             return Ok(report);
         };
         // 1. WAL data older than the delay.
         loop {
+            if !std::mem::take(&mut first) && !still_ours().await {
+                return Ok(report);
+            }
             let _maintenance = self.maintenance.lock().await;
             let rows = self.meta.rows_in_wal_below(&cutoff, ROUND_ROWS_MAX).await?;
             if rows.is_empty() {
@@ -240,6 +259,9 @@ impl Compactor {
             batch.push(key.clone());
             bytes += *size as usize;
             if bytes >= self.config.round_bytes_max || n + 1 == rewrite.len() {
+                if !std::mem::take(&mut first) && !still_ours().await {
+                    return Ok(report);
+                }
                 let _maintenance = self.maintenance.lock().await;
                 let rows = self.meta.rows_in_objects(&batch).await?;
                 if !rows.is_empty() {
@@ -452,8 +474,12 @@ impl Compactor {
 
 impl Compactor {
     /// The pass the scheduler runs every `--compaction-interval`.
-    pub async fn scheduled_pass(&self) {
-        match self.pass(None).await {
+    pub async fn scheduled_pass<F, Fut>(&self, still_ours: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        match self.pass_while(None, still_ours).await {
             Ok(r) if r.rounds > 0 => tracing::info!(
                 objects_read = r.objects_read,
                 objects_written = r.objects_written,

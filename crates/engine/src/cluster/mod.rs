@@ -417,15 +417,23 @@ impl Cluster {
     }
 }
 
+/// The shortest lease of a cluster-wide job: long enough that a pass which renews
+/// it between rounds (compaction) keeps it through any one round.
+const JOB_LEASE_MIN: Duration = Duration::from_secs(30);
+
 /// Whether this node runs the cluster-wide job `job` now: always on a single node;
-/// in a cluster, while it holds the job's lease (a few passes long), so each job
-/// runs on one member at a time and moves when that member dies.
+/// in a cluster, while it holds the job's lease (three passes long, at least
+/// `JOB_LEASE_MIN`), so each job runs on one member at a time and moves when that
+/// member dies. Calling it again renews the lease.
 pub async fn holds_job(cluster: Option<&Cluster>, job: &str, every: Duration) -> bool {
     let Some(c) = cluster else { return true };
     if !c.lease.is_valid() {
         return false;
     }
-    let lease_ms = (every * 3).max(c.lease.ttl()).as_millis() as u64;
+    let lease_ms = (every * 3)
+        .max(c.lease.ttl())
+        .max(JOB_LEASE_MIN)
+        .as_millis() as u64;
     match c.coord.hold_job(job, c.epoch, lease_ms).await {
         Ok(held) => held,
         Err(e) => {

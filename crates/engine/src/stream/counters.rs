@@ -25,6 +25,10 @@ static TRIMS: Desc = Desc::counter(
     "picomq_trims_total",
     "Trims that moved a stream's start (by request or by age retention).",
 );
+static EXPIRED: Desc = Desc::counter(
+    "picomq_streams_expired_total",
+    "Streams deleted because their TTL or Expires-At passed (in a cluster, by their owner).",
+);
 static WAITING_READS: Desc = Desc::gauge(
     "picomq_waiting_reads",
     "Live readers parked waiting for new data (long-polls and SSE connections between events).",
@@ -51,6 +55,8 @@ pub struct ServiceCounters {
     pub append_bytes: Counter,
     /// Trims that moved a stream's start (by request or by age retention).
     pub trims: Counter,
+    /// Streams deleted because their TTL or Expires-At passed.
+    pub expired: Counter,
     /// Reads served from the in-memory tail cache, and their bytes.
     pub reads_memory: Counter,
     pub read_bytes_memory: Counter,
@@ -68,6 +74,7 @@ impl Default for ServiceCounters {
             append_records: Counter::new(&APPEND_RECORDS),
             append_bytes: Counter::new(&APPEND_BYTES),
             trims: Counter::new(&TRIMS),
+            expired: Counter::new(&EXPIRED),
             reads_memory: Counter::labelled(&READS, &[("tier", "memory")]),
             read_bytes_memory: Counter::labelled(&READ_BYTES, &[("tier", "memory")]),
             waiting_reads: Gauge::new(&WAITING_READS),
@@ -81,6 +88,7 @@ impl Source for ServiceCounters {
         out.counter(&self.appends)
             .histogram(&self.append_seconds, &[])
             .counter(&self.trims)
+            .counter(&self.expired)
             .counter(&self.append_records)
             .counter(&self.append_bytes)
             .counter(&self.reads_memory)

@@ -206,7 +206,9 @@ impl Service {
             return Ok(());
         }
         tracing::debug!(stream = %handle.config.name, "stream expired");
-        self.delete_locked(handle.clone()).await
+        self.delete_locked(handle.clone()).await?;
+        self.inner.counters.expired.inc();
+        Ok(())
     }
 }
 

@@ -661,3 +661,171 @@ async fn postgres_cut_off_for_30s_fails_fast_with_503_and_heals() {
     );
     cluster.shut_down().await;
 }
+
+/// Sums of `metric` over the nodes, by node id.
+async fn per_node(cluster: &TestCluster, metric: &str) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let n = support::metric(&node.client, metric).await as u64;
+        out.insert(TestCluster::node_id(i), n);
+    }
+    out
+}
+
+/// Creates `n` streams `/bg/{kind}{i}` through the nodes in turn; how many each
+/// node id owns.
+async fn create_owned(
+    cluster: &TestCluster,
+    kind: &str,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> HashMap<String, u64> {
+    let mut owners: HashMap<String, u64> = HashMap::new();
+    for i in 0..n {
+        let client = &cluster.node(i % 3).client;
+        let r = put_until_not_503(client, &format!("/bg/{kind}{i}"), headers, "").await;
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        *owners.entry(served_by(&r)).or_default() += 1;
+    }
+    owners
+}
+
+/// Background work runs once per cluster: TTL expiry and age retention by each
+/// stream's owner alone (each node's count equals the streams it owns), compaction
+/// on the one member holding the maintenance job. And it collects nothing another
+/// node still needs: after compaction and GC, with every node killed and restarted,
+/// every kept record reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn background_work_runs_once_per_cluster() {
+    let mut flags = LEASE.to_vec();
+    flags.extend([
+        "--dormancy",
+        "2s",
+        "--retention-interval",
+        "500ms",
+        "--compaction-interval",
+        "1s",
+        "--compaction-delay",
+        "0s",
+        "--gc-interval",
+        "1s",
+    ]);
+    let mut cluster = TestCluster::start("bg", 3, &flags).await;
+    cluster.wait_balanced(0, 3, Duration::from_secs(30)).await;
+    let text = ("content-type", "text/plain");
+    let ttl_owners = create_owned(&cluster, "ttl", 30, &[text, ("stream-ttl", "3")]).await;
+    let ret_owners = create_owned(&cluster, "ret", 30, &[text, ("stream-retention", "1")]).await;
+    let keep_owners = create_owned(&cluster, "keep", 30, &[text]).await;
+    assert_eq!(keep_owners.len(), 3, "{keep_owners:?}");
+    let mut kept: Vec<String> = vec![String::new(); 30];
+    for round in 0..10 {
+        for (i, body) in kept.iter_mut().enumerate() {
+            let record = format!("{round}.{i};");
+            let client = &cluster.node(round % 3).client;
+            let r = client
+                .post(&format!("/bg/keep{i}"), &[text], record.clone())
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+            body.push_str(&record);
+        }
+    }
+    for i in 0..30 {
+        let r = cluster
+            .node(i % 3)
+            .client
+            .post(&format!("/bg/ret{i}"), &[text], "old;")
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    }
+
+    // Each stream expired once, by its owner; each retained one trimmed once, by
+    // its owner (one record, one index row: one trim).
+    let expired = support::eventually(Duration::from_secs(60), || async {
+        let by_node = per_node(&cluster, "picomq_streams_expired_total").await;
+        (by_node.values().sum::<u64>() >= 30).then_some(by_node)
+    })
+    .await;
+    let trimmed = support::eventually(Duration::from_secs(60), || async {
+        let by_node = per_node(&cluster, "picomq_trims_total").await;
+        (by_node.values().sum::<u64>() >= 30).then_some(by_node)
+    })
+    .await;
+    for id in (0..3).map(TestCluster::node_id) {
+        let owned = |m: &HashMap<String, u64>| m.get(&id).copied().unwrap_or(0);
+        assert_eq!(
+            owned(&expired),
+            owned(&ttl_owners),
+            "{id}: expired {expired:?}, owners {ttl_owners:?}"
+        );
+        assert_eq!(
+            owned(&trimmed),
+            owned(&ret_owners),
+            "{id}: trimmed {trimmed:?}, owners {ret_owners:?}"
+        );
+    }
+    for i in 0..30 {
+        let r = cluster
+            .node(0)
+            .client
+            .get(&format!("/bg/ttl{i}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 404, "/bg/ttl{i} outlived its TTL");
+    }
+
+    // Compaction ran, on one member only; GC then collected what it replaced.
+    let compacted = support::eventually(Duration::from_secs(60), || async {
+        let by_node = per_node(&cluster, "picomq_compaction_objects_written_total").await;
+        (by_node.values().sum::<u64>() > 0).then_some(by_node)
+    })
+    .await;
+    support::eventually(Duration::from_secs(60), || async {
+        let by_node = per_node(&cluster, "picomq_gc_objects_deleted_total").await;
+        (by_node.values().sum::<u64>() > 0).then_some(())
+    })
+    .await;
+    let passes = per_node(&cluster, "picomq_compaction_passes_total").await;
+    let compactors: Vec<&String> = passes
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        compactors.len(),
+        1,
+        "compaction passes by node: {passes:?}, objects written {compacted:?}"
+    );
+
+    // Nothing needed was collected: every node killed and restarted (their logs
+    // now belong to finished members, collected by the maintenance job), every
+    // kept record reads back whole through every node.
+    for i in 0..3 {
+        cluster.kill9(i);
+    }
+    for i in 0..3 {
+        cluster.restart(i).await;
+    }
+    cluster.wait_balanced(0, 3, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // a few GC and compaction passes
+    for (i, expected) in kept.iter().enumerate() {
+        for node in &cluster.nodes {
+            let body = support::read_all(&node.client, &format!("/bg/keep{i}")).await;
+            assert_eq!(
+                String::from_utf8_lossy(&body),
+                *expected,
+                "/bg/keep{i} through {}",
+                node.url
+            );
+        }
+    }
+    for i in 0..30 {
+        let body = support::read_all(&cluster.node(i % 3).client, &format!("/bg/ret{i}")).await;
+        assert!(
+            body.is_empty(),
+            "/bg/ret{i} kept records past its retention"
+        );
+    }
+    cluster.shut_down().await;
+}
