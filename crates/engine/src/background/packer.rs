@@ -87,6 +87,43 @@ impl Recent {
         runs.insert(at, run);
     }
 
+    /// Past `max` bytes, the oldest runs leave memory (each stream's from its front)
+    /// until an eighth of `max` is free again; returns the bytes let go. One sort
+    /// per shedding, not a scan of every stream per run let go: that was quadratic,
+    /// and with 100,000 small streams buffered it held the indexer (whose task feeds
+    /// the packer) at 100% of a core for seconds per batch.
+    fn shed(&mut self, max: usize) -> usize {
+        if self.bytes <= max {
+            return 0;
+        }
+        let target = max - max / 8;
+        let mut order: Vec<(Instant, u64)> = self
+            .streams
+            .iter()
+            .flat_map(|(id, runs)| runs.iter().map(move |r| (r.since, *id)))
+            .collect();
+        order.sort_unstable();
+        let mut taken: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut freed = 0;
+        for (_, id) in order {
+            if self.bytes - freed <= target {
+                break;
+            }
+            let n = taken.entry(id).or_default();
+            freed += self.streams[&id][*n].bytes;
+            *n += 1;
+        }
+        for (id, n) in taken {
+            let runs = self.streams.get_mut(&id).expect("stream present");
+            runs.drain(..n);
+            if runs.is_empty() {
+                self.streams.remove(&id);
+            }
+        }
+        self.bytes -= freed;
+        freed
+    }
+
     /// What is due now: an L1 piece for each stream with `piece_bytes` buffered or
     /// with data older than `l1_delay`, and, when an L0 pack is due, every other run
     /// still only in the WAL. `None`: nothing to write.
@@ -308,21 +345,8 @@ impl Packer {
     /// Past the buffer's bound, the oldest runs leave memory unpacked: their data
     /// stays where it is (WAL or L0) for compaction.
     fn shed(&self, recent: &mut Recent) {
-        while recent.bytes > self.config.buffer_bytes_max {
-            let oldest = recent
-                .streams
-                .iter()
-                .filter_map(|(id, runs)| runs.first().map(|r| (r.since, *id)))
-                .min();
-            let Some((_, id)) = oldest else { break };
-            let runs = recent.streams.get_mut(&id).expect("stream present");
-            let run = runs.remove(0);
-            if runs.is_empty() {
-                recent.streams.remove(&id);
-            }
-            recent.bytes -= run.bytes;
-            self.stats.dropped.add(run.bytes as u64);
-        }
+        let dropped = recent.shed(self.config.buffer_bytes_max);
+        self.stats.dropped.add(dropped as u64);
     }
 
     /// One pass (the scheduler runs it every `interval`): writes a pack if one is
@@ -637,6 +661,27 @@ mod tests {
             .filter(|p| p.stream_id == id)
             .map(|p| (p.start.0, p.end.0))
             .collect()
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_runs_go_first_until_an_eighth_is_free() {
+        let then = Instant::now();
+        let later = then + Duration::from_secs(1);
+        let mut recent = recent_with(&[(1, 0, 30), (2, 0, 30), (3, 0, 30)], then);
+        for (id, start) in [(1, 30), (3, 30)] {
+            recent.add(id, run_of([append(start, 30)].iter(), later).unwrap());
+        }
+        assert_eq!(recent.shed(150), 0, "within the bound");
+        // 150 bytes held, bound 120: down to 105 at most, so two of the older runs
+        // go; every newer one stays.
+        assert_eq!(recent.shed(120), 60);
+        assert_eq!(recent.bytes, 90);
+        let left: Vec<(u64, u64)> = recent
+            .streams
+            .iter()
+            .flat_map(|(id, runs)| runs.iter().map(move |r| (*id, r.start.0)))
+            .collect();
+        assert_eq!(left, [(1, 30), (3, 0), (3, 30)]);
     }
 
     #[test]
