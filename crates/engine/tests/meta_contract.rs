@@ -55,6 +55,7 @@ contract!(
     soft_deletes_keep_rows_for_forks,
     hard_deletes_remove_every_row,
     relocations_replace_the_rows_of_their_span,
+    consecutive_relocations_land_in_order,
     relocations_of_deleted_or_trimmed_streams_keep_nothing,
     wal_rows_by_key_range,
     rows_in_objects_come_grouped_in_key_order,

@@ -750,6 +750,52 @@ pub async fn relocations_replace_the_rows_of_their_span(meta: Meta) {
     assert_eq!(found, [("s".to_string(), Offset(0), Some(Offset(6)))]);
 }
 
+/// Moves in one batch land as if one after another: an L0 piece, then an L1 piece
+/// over it and the next row, then a move of another stream, then new data.
+pub async fn consecutive_relocations_land_in_order(meta: Meta) {
+    three_rows(&meta, 1, "a").await;
+    apply(
+        &meta,
+        &[object(
+            3,
+            vec![(2, vec![create("b"), Op::Append(append(0, 3, 10))])],
+        )],
+    )
+    .await;
+    let (l0, l1, other) = (
+        segment_key(1, 4, 0),
+        segment_key(1, 5, 0),
+        segment_key(1, 5, 1),
+    );
+    let batch = [
+        system(4, vec![relocate(1, (0, 3), &l0, (0, 3), 10)]),
+        system(
+            5,
+            vec![
+                relocate(1, (0, 6), &l1, (10, 16), 20),
+                relocate(2, (0, 3), &other, (0, 3), 10),
+            ],
+        ),
+        object(6, vec![(1, vec![Op::Append(append(9, 3, 40))])]),
+    ];
+    for _ in 0..2 {
+        apply(&meta, &batch).await;
+        assert_eq!(
+            spans(&meta, 1).await,
+            [
+                (0, 6, l1.clone()),
+                (6, 9, wal_key(1, 2)),
+                (9, 12, wal_key(1, 6))
+            ]
+        );
+        assert_eq!(spans(&meta, 2).await, [(0, 3, other.clone())]);
+        assert!(
+            !meta.object_referenced(&l0).await.unwrap(),
+            "replaced within the batch"
+        );
+    }
+}
+
 pub async fn relocations_of_deleted_or_trimmed_streams_keep_nothing(meta: Meta) {
     three_rows(&meta, 1, "gone").await;
     apply(

@@ -59,6 +59,7 @@ pub(super) async fn apply(
     for object in objects {
         for chunk in &object.chunks {
             if let Some(row) = NewChunk::of(&object.key, chunk) {
+                pending.flush_relocations(&mut tx).await?;
                 pending.chunks.push(row);
             }
             for (_, op) in &chunk.ops {
@@ -151,11 +152,19 @@ async fn apply_op<'a>(
 ) -> Result<()> {
     let id = stream_id as i64;
     match op {
-        Op::Create(c) => pending.creates.push(CreateRow::of(stream_id, c)),
-        Op::Append(a) => pending.runs.entry(stream_id).or_default().add(a),
+        Op::Create(c) => {
+            pending.flush_relocations(tx).await?;
+            pending.creates.push(CreateRow::of(stream_id, c));
+        }
+        Op::Append(a) => {
+            pending.flush_relocations(tx).await?;
+            pending.runs.entry(stream_id).or_default().add(a);
+        }
+        // A pack or compaction round moves many streams' rows at once: consecutive
+        // moves go together.
         Op::Relocate(r) => {
-            pending.flush(tx).await?;
-            relocate(tx, r).await?;
+            pending.flush_rows(tx).await?;
+            pending.relocations.push(r);
         }
         Op::Delete { soft } => {
             pending.flush(tx).await?;
@@ -218,39 +227,67 @@ async fn delete(tx: &mut PgConnection, id: i64, soft: bool) -> Result<()> {
     Ok(())
 }
 
-/// Applies a compaction's move: the rows of the stream that start inside the span
-/// give way to one row for the new chunk. A stream deleted since compaction read
-/// its rows keeps nothing (ids are never reused, so the row would dangle), and a
-/// span trimmed away since keeps nothing either.
-async fn relocate(tx: &mut PgConnection, r: &RelocateOp) -> Result<()> {
-    let start_pos: Option<i64> = sqlx::query("SELECT start_pos FROM streams WHERE id = $1")
-        .bind(r.stream_id as i64)
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|row| row.get(0));
-    match start_pos {
-        Some(start) if (r.end.0 as i64) > start => {}
-        _ => return Ok(()),
+/// Applies consecutive compaction moves, as if one after another: each replaces the
+/// rows of its stream that start inside its span (an earlier move's row included)
+/// with one row for its new chunk. A stream deleted since compaction read its rows
+/// keeps nothing (ids are never reused, so the row would dangle), and a span
+/// trimmed away since keeps nothing either. Three statements, whatever the number
+/// of moves: one per move was most of the indexer's time while a pack moved
+/// thousands of small streams at once.
+async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
+    let mut ids: Vec<i64> = moves.iter().map(|r| r.stream_id as i64).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let starts: HashMap<u64, u64> =
+        sqlx::query("SELECT id, start_pos FROM streams WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|row| (row.get::<i64, _>(0) as u64, row.get::<i64, _>(1) as u64))
+            .collect();
+    // The moves that apply, and the rows they leave: per stream, in order.
+    let mut spans: Vec<&RelocateOp> = Vec::new();
+    let mut rows: HashMap<u64, Vec<&RelocateOp>> = HashMap::new();
+    for &r in moves {
+        match starts.get(&r.stream_id) {
+            Some(&start) if r.end.0 > start => {}
+            _ => continue,
+        }
+        spans.push(r);
+        let kept = rows.entry(r.stream_id).or_default();
+        kept.retain(|k| k.start != r.start && !(r.start..r.end).contains(&k.start));
+        kept.push(r);
     }
-    sqlx::query("DELETE FROM chunks WHERE stream_id = $1 AND start_pos >= $2 AND start_pos < $3")
-        .bind(r.stream_id as i64)
-        .bind(r.start.0 as i64)
-        .bind(r.end.0 as i64)
-        .execute(&mut *tx)
-        .await?;
+    if spans.is_empty() {
+        return Ok(());
+    }
+    let span = |f: fn(&RelocateOp) -> i64| spans.iter().map(|r| f(r)).collect::<Vec<_>>();
+    sqlx::query(concat!(
+        "DELETE FROM chunks c USING UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS v(id, s, e) ",
+        "WHERE c.stream_id = v.id AND c.start_pos >= v.s AND c.start_pos < v.e"
+    ))
+    .bind(span(|r| r.stream_id as i64))
+    .bind(span(|r| r.start.0 as i64))
+    .bind(span(|r| r.end.0 as i64))
+    .execute(&mut *tx)
+    .await?;
+    let mut rows: Vec<&RelocateOp> = rows.into_values().flatten().collect();
+    rows.sort_unstable_by_key(|r| (r.stream_id, r.start));
+    let column = |f: fn(&RelocateOp) -> i64| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query(concat!(
         "INSERT INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms) ",
-        "VALUES ($1, $2, $3, $4, $5, $6, $7) ",
+        "SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) ",
         "ON CONFLICT (stream_id, start_pos) DO UPDATE SET end_pos = excluded.end_pos, object_key = excluded.object_key, ",
         "byte_start = excluded.byte_start, byte_end = excluded.byte_end, last_ts_ms = excluded.last_ts_ms"
     ))
-    .bind(r.stream_id as i64)
-    .bind(r.start.0 as i64)
-    .bind(r.end.0 as i64)
-    .bind(&r.object_key)
-    .bind(r.byte_range.start as i64)
-    .bind(r.byte_range.end as i64)
-    .bind(r.last_ts_ms as i64)
+    .bind(column(|r| r.stream_id as i64))
+    .bind(column(|r| r.start.0 as i64))
+    .bind(column(|r| r.end.0 as i64))
+    .bind(rows.iter().map(|r| r.object_key.as_str()).collect::<Vec<_>>())
+    .bind(column(|r| r.byte_range.start as i64))
+    .bind(column(|r| r.byte_range.end as i64))
+    .bind(column(|r| r.last_ts_ms as i64))
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -264,10 +301,25 @@ struct Pending<'a> {
     creates: Vec<CreateRow<'a>>,
     chunks: Vec<NewChunk<'a>>,
     runs: HashMap<u64, AppendRun<'a>>,
+    /// Consecutive compaction moves; never held together with rows of the other
+    /// kinds, so everything lands in log order.
+    relocations: Vec<&'a RelocateOp>,
 }
 
 impl Pending<'_> {
     async fn flush(&mut self, tx: &mut PgConnection) -> Result<()> {
+        self.flush_relocations(tx).await?;
+        self.flush_rows(tx).await
+    }
+
+    async fn flush_relocations(&mut self, tx: &mut PgConnection) -> Result<()> {
+        if !self.relocations.is_empty() {
+            relocate(tx, &std::mem::take(&mut self.relocations)).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush_rows(&mut self, tx: &mut PgConnection) -> Result<()> {
         if !self.creates.is_empty() {
             insert_streams(tx, &std::mem::take(&mut self.creates)).await?;
         }
