@@ -35,9 +35,6 @@ use crate::stream::Service;
 const HAND_OVER_BATCH: usize = 64;
 /// The loop's pace while slots are moving (it runs every renewal interval otherwise).
 const BUSY_STEP: Duration = Duration::from_millis(100);
-/// How long after another member's lease runs out (by the metadata store's clock)
-/// the loop looks again.
-const LAPSE_MARGIN: Duration = Duration::from_millis(20);
 
 pub(crate) struct Membership {
     cluster: Arc<Cluster>,
@@ -70,21 +67,15 @@ impl Membership {
         let every = self.cluster.lease.renew_every();
         loop {
             let started = Instant::now();
-            let (busy, lapse) = match self.step().await {
-                Ok(next) => next,
+            let busy = match self.step().await {
+                Ok(busy) => busy,
                 Err(e) => {
                     tracing::warn!(error = %e, "cluster membership step failed; retrying");
-                    (false, None)
+                    false
                 }
             };
             let pace = if busy { BUSY_STEP } else { every };
-            // A member whose lease runs out before the next step is looked at again
-            // just after it does: a dead node's streams wait for its lease, not for
-            // the lease and then up to a renewal interval more.
-            let next = match lapse {
-                Some(left) => (started + pace).min(started + left + LAPSE_MARGIN),
-                None => started + pace,
-            };
+            let next = started + pace;
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
                 () = self.cluster.nudged() => {}
@@ -92,11 +83,10 @@ impl Membership {
         }
     }
 
-    /// One round: whether slots are still moving (run again soon), and how long
-    /// until the next lease of another running member runs out, as read now.
-    async fn step(&self) -> Result<(bool, Option<Duration>)> {
+    /// One round; `true` when slots are still moving (run again soon).
+    async fn step(&self) -> Result<bool> {
         if !self.renew().await {
-            return Ok((false, None));
+            return Ok(false);
         }
         let members = self.cluster.coord.members().await?;
         let slots = self.cluster.coord.slots().await?;
@@ -105,12 +95,7 @@ impl Membership {
             self.cluster.apply_slot(*row);
         }
         self.take_over_dead(&members);
-        let lapse = members
-            .iter()
-            .filter(|m| m.epoch != self.cluster.epoch && m.is_alive())
-            .map(|m| Duration::from_millis(m.lease_left_ms as u64))
-            .min();
-        Ok((self.rebalance(&members, &slots).await?, lapse))
+        self.rebalance(&members, &slots).await
     }
 
     /// Renews this member's lease; `false` when it does not hold one now.
@@ -177,29 +162,18 @@ impl Membership {
             if !self.taking.lock().expect("takeovers").insert(m.epoch) {
                 continue;
             }
-            let (takeover, taking, cluster, dead, service) = (
+            let (takeover, taking, cluster, dead) = (
                 self.takeover.clone(),
                 self.taking.clone(),
                 self.cluster.clone(),
                 m.clone(),
-                self.service.clone(),
             );
-            // The others claim their shares of the dead member's slots as soon as
-            // its log is indexed, not at their next step.
-            let others: Vec<String> = members
-                .iter()
-                .filter(|o| o.epoch != self.cluster.epoch && o.epoch != m.epoch && o.is_alive())
-                .map(|o| o.advertise.clone())
-                .collect();
             tokio::spawn(async move {
                 match takeover.run(dead.epoch).await {
-                    Ok(Some(objects)) => {
-                        tracing::info!(
-                            node = %dead.node_id, epoch = dead.epoch, objects,
-                            "took over a member whose lease lapsed: its log is sealed and indexed"
-                        );
-                        service.tell_members(others);
-                    }
+                    Ok(Some(objects)) => tracing::info!(
+                        node = %dead.node_id, epoch = dead.epoch, objects,
+                        "took over a member whose lease lapsed: its log is sealed and indexed"
+                    ),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(
                         node = %dead.node_id, epoch = dead.epoch, error = %e,
