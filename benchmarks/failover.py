@@ -182,11 +182,16 @@ def main():
         got = [int(x.split(":")[1]) for x in body.split(";") if x]
         acked_total += len(w.acked[n])
         present = set(got)
-        missing += sum(1 for s in w.acked[n] if s not in present)
+        lost = [s for s in w.acked[n] if s not in present]
+        if lost:
+            print(f"{n}: {len(lost)} acknowledged records missing, first {lost[:5]}, "
+                  f"served last by {w.served_by.get(n, '?')}", flush=True)
+        missing += len(lost)
         dup += len(got) - len(present)
         extra += len(present - set(w.acked[n]))
         if got != sorted(got):
-            print(f"{n}: records out of order", flush=True)
+            at = next(i for i in range(1, len(got)) if got[i] < got[i - 1])
+            print(f"{n}: records out of order at record {at}: ... {got[max(0, at - 3):at + 3]} ...", flush=True)
             missing += 1
     p50s = [r[0] for r in rounds]
     maxes = [r[1] for r in rounds]
