@@ -105,6 +105,9 @@ struct Table {
     members: HashMap<u64, MemberRow>,
     /// The owner (member epoch) of each slot, as last read.
     owners: Vec<Option<u64>>,
+    /// The generation of each slot's row last applied: a read older than it (a
+    /// request's refresh racing the membership step) is ignored.
+    generations: Vec<u64>,
 }
 
 pub struct Cluster {
@@ -134,6 +137,7 @@ impl Cluster {
             table: RwLock::new(Table {
                 members: HashMap::new(),
                 owners: vec![None; SLOTS as usize],
+                generations: vec![0; SLOTS as usize],
             }),
             changes: watch::channel(0).0,
             draining: AtomicBool::new(false),
@@ -245,6 +249,10 @@ impl Cluster {
     fn apply_slot(&self, row: SlotRow) {
         let mine = row.owner == Some(self.epoch);
         let mut table = self.table.write().expect("cluster table");
+        if row.generation < table.generations[row.slot as usize] {
+            return;
+        }
+        table.generations[row.slot as usize] = row.generation;
         let was = table.owners[row.slot as usize];
         if mine && was != Some(self.epoch) {
             self.own(row.slot, row.generation);
