@@ -808,7 +808,13 @@ async fn background_work_runs_once_per_cluster() {
         cluster.restart(i).await;
     }
     cluster.wait_balanced(0, 3, Duration::from_secs(60)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await; // a few GC and compaction passes
+    // The restarted nodes' GC has run (their counters start at zero), so whatever
+    // it would wrongly collect is gone before the reads.
+    support::eventually(Duration::from_secs(30), || async {
+        let by_node = per_node(&cluster, "picomq_gc_passes_total").await;
+        by_node.values().all(|n| *n >= 2).then_some(())
+    })
+    .await;
     for (i, expected) in kept.iter().enumerate() {
         for node in &cluster.nodes {
             let body = support::read_all(&node.client, &format!("/bg/keep{i}")).await;
