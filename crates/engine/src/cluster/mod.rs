@@ -152,6 +152,14 @@ impl Cluster {
         self.owned[slot as usize].load(Ordering::SeqCst) != 0 && self.lease.is_valid()
     }
 
+    /// The term this member serves `slot` at: 1 + the slot's generation when it
+    /// gained it, 0 while it does not serve it. It changes whenever the slot's
+    /// service was interrupted (a hand-over, a claim after another owner), so a
+    /// stream handle of an older term may miss what another node wrote since.
+    pub fn term(&self, slot: u32) -> u64 {
+        self.owned[slot as usize].load(Ordering::SeqCst)
+    }
+
     /// `Err(NotOwner)` unless this node may serve the stream `name` now.
     pub fn check_owner(&self, name: &str) -> Result<()> {
         if self.owns(slot_of(name)) {

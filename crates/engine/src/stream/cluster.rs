@@ -111,6 +111,38 @@ impl Service {
         self.cluster().is_none_or(|c| c.owns(slot_of(name)))
     }
 
+    /// The ownership term `name`'s slot is served at (`Cluster::term`); 0 outside a
+    /// cluster, and while this node does not serve it.
+    pub(crate) fn term_of(&self, name: &str) -> u64 {
+        self.cluster().map_or(0, |c| c.term(slot_of(name)))
+    }
+
+    /// The registered handle of `name`, unless it belongs to an earlier term of the
+    /// slot: such a handle outlived a change of owner that did not settle it (this
+    /// node stopped serving the slot without handing it over, or regained it after
+    /// another owner wrote the stream), so its tail and producer state may be
+    /// behind the index. It is retired and dropped, and the stream is loaded afresh.
+    /// While the slot is not served at all the handle stays (a hand-over settles it).
+    pub(crate) fn registered(&self, name: &str) -> Option<Arc<StreamHandle>> {
+        let handle = self.inner.registry.by_name(name)?;
+        self.current(handle)
+    }
+
+    /// `handle` if it is of the current term of its slot (see `registered`).
+    pub(crate) fn current(&self, handle: Arc<StreamHandle>) -> Option<Arc<StreamHandle>> {
+        let term = self.term_of(&handle.config.name);
+        if handle.term() == term || term == 0 {
+            return Some(handle);
+        }
+        tracing::warn!(
+            stream = %handle.config.name, was = handle.term(), now = term,
+            "dropping a stream handle from an earlier ownership of its slot"
+        );
+        handle.retire();
+        self.inner.registry.remove(&handle);
+        None
+    }
+
     /// `Err(NotOwner)` unless this node serves `name`.
     pub(crate) fn check_owner(&self, name: &str) -> Result<()> {
         match self.cluster() {
@@ -151,7 +183,7 @@ impl Service {
         let Some(side) = self.cluster_side() else {
             return self.lookup_id(id).await;
         };
-        if let Some(h) = self.inner.registry.by_id(id) {
+        if let Some(h) = self.inner.registry.by_id(id).and_then(|h| self.current(h)) {
             if !h.view().evicted {
                 return Ok(Some(h));
             }
@@ -167,7 +199,7 @@ impl Service {
         if self.serves(&row.name) {
             return self.lookup_id(id).await;
         }
-        let handle = self.handle_from_row(row, HashMap::new())?;
+        let handle = self.handle_from_row(row, HashMap::new(), 0)?;
         let mut snapshots = side.snapshots.lock().expect("snapshots");
         if snapshots.len() >= SNAPSHOTS_MAX {
             let now = Instant::now();

@@ -41,10 +41,11 @@ impl Service {
             None => None,
         };
         for _ in 0..STATE_RETRIES {
+            // Taken before the name is resolved: a new stream's handle is of the
+            // term its absence was seen in (see `StreamHandle::term`).
+            let term = self.term_of(&req.name);
             if let Some(existing) = self
-                .inner
-                .registry
-                .by_name(&req.name)
+                .registered(&req.name)
                 .or(self.lookup_in(&req.name, guard.is_some()).await?)
             {
                 match existing.view().lifecycle {
@@ -65,7 +66,7 @@ impl Service {
                     }
                 }
             }
-            match self.create_new(&req, expires_at_ms).await? {
+            match self.create_new(&req, expires_at_ms, term).await? {
                 Some(info) => return Ok((true, info)),
                 None => continue, // lost a race for the name; look again
             }
@@ -147,6 +148,7 @@ impl Service {
         &self,
         req: &CreateRequest,
         expires_at_ms: Option<u64>,
+        term: u64,
     ) -> Result<Option<StreamInfo>> {
         let mut shape = Shape {
             content_type: req
@@ -173,18 +175,19 @@ impl Service {
         self.check_capacity()?;
         let id = self.new_stream_id().await?;
         let created_ms = self.inner.clock.now_ms();
-        let handle = self.new_handle(id, req, &shape, json, created_ms);
+        let handle = self.new_handle(id, req, &shape, json, created_ms, term);
         // Before the stream is registered: once it is evicted, lookups find it
         // through the filter (see `names`).
         self.inner.names.insert(&req.name);
         let active = self.inner.registry.insert(handle.clone(), |existing| {
             let v = existing.view();
-            v.evicted || v.lifecycle == Lifecycle::Deleted
+            v.evicted || v.lifecycle == Lifecycle::Deleted || existing.term() < term
         });
         let lost_race = !Arc::ptr_eq(&active, &handle);
         // A hand-over of the slot may have passed since the name was resolved; it
-        // did not see this handle, so it is not left behind (see `submit`).
-        let moved = !lost_race && !self.serves(&req.name);
+        // did not see this handle, so it is not left behind (see `submit`). Nor is
+        // one whose name was resolved under an earlier term than the slot's now.
+        let moved = !lost_race && (!self.serves(&req.name) || self.term_of(&req.name) != term);
         if moved {
             handle.retire();
             self.inner.registry.remove(&handle);
@@ -334,6 +337,7 @@ impl Service {
         shape: &Shape,
         json: bool,
         created_ms: u64,
+        term: u64,
     ) -> Arc<StreamHandle> {
         let start = shape.fork.as_ref().map_or(Offset::ZERO, |f| f.point);
         let config = StreamConfig {
@@ -347,19 +351,22 @@ impl Service {
             expires_at_ms: shape.expires_at_ms,
             fork: shape.fork.clone(),
         };
-        Arc::new(StreamHandle::new(
-            config,
-            Offset::ZERO,
-            None,
-            start,
-            false,
-            None,
-            None,
-            HashMap::new(),
-            Lifecycle::Live,
-            created_ms,
-            self.inner.config.tail_cache_bytes_per_stream,
-        ))
+        Arc::new(
+            StreamHandle::new(
+                config,
+                Offset::ZERO,
+                None,
+                start,
+                false,
+                None,
+                None,
+                HashMap::new(),
+                Lifecycle::Live,
+                created_ms,
+                self.inner.config.tail_cache_bytes_per_stream,
+            )
+            .with_term(term),
+        )
     }
 
     /// Submits a new stream's ops (create, retention, first append or close) under

@@ -91,8 +91,10 @@ impl Service {
     /// submitted. An op that saw the slot served is therefore on a handle the
     /// hand-over retires and waits for (both sides are SeqCst, and the handle was
     /// registered before it could be found); one that did not is refused here.
+    /// So is one on a handle of an earlier ownership term than the slot's now (see
+    /// `StreamHandle::term`): its sequencer may be behind what another owner wrote.
     pub(crate) fn submit(&self, handle: &Arc<StreamHandle>, op_no: u64, op: Op) -> Result<()> {
-        if !self.serves(&handle.config.name) {
+        if !self.serves(&handle.config.name) || self.term_of(&handle.config.name) != handle.term() {
             return Err(EngineError::NotOwner);
         }
         self.submit_more(handle, op_no, op)

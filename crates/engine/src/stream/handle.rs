@@ -104,6 +104,11 @@ pub struct StreamHandle {
     durable: watch::Sender<DurableView>,
     last_access_ms: AtomicU64,
     cache_bytes_max: usize,
+    /// The ownership term of the stream's slot this handle was loaded or created
+    /// under (`Cluster::term`; 0 outside a cluster). A handle of another term than
+    /// the slot's current one predates a change of owner: another node may have
+    /// written the stream since, so it is never served (see `Service::registered`).
+    term: u64,
 }
 
 /// Durable records copied out of the cache for one read.
@@ -164,7 +169,19 @@ impl StreamHandle {
             durable,
             last_access_ms: AtomicU64::new(last_access_ms),
             cache_bytes_max,
+            term: 0,
         }
+    }
+
+    /// The handle, loaded or created under ownership term `term`.
+    pub fn with_term(mut self, term: u64) -> StreamHandle {
+        self.term = term;
+        self
+    }
+
+    /// The ownership term this handle was loaded or created under.
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -514,7 +531,7 @@ impl DurableListener for StreamHandle {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
     use std::task::Wake;
@@ -531,7 +548,7 @@ mod tests {
         }
     }
 
-    fn handle() -> StreamHandle {
+    pub(crate) fn handle() -> StreamHandle {
         let config = StreamConfig {
             id: 7,
             name: "s".into(),

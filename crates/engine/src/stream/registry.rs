@@ -47,7 +47,8 @@ impl Registry {
 
     /// Inserts `handle` unless its name or id is already active; returns the handle
     /// that is active afterwards. `replace` decides whether an existing entry for the
-    /// name gives way (e.g. a deleted tombstone).
+    /// name or the id gives way (e.g. a deleted tombstone, a handle of an earlier
+    /// ownership term).
     pub fn insert(
         &self,
         handle: Arc<StreamHandle>,
@@ -55,7 +56,18 @@ impl Registry {
     ) -> Arc<StreamHandle> {
         let mut maps = self.maps.lock().expect("registry lock");
         if let Some(existing) = maps.by_id.get(&handle.config.id) {
-            return existing.clone();
+            if !replace(existing) {
+                return existing.clone();
+            }
+            let existing = existing.clone();
+            maps.by_id.remove(&existing.config.id);
+            if maps
+                .by_name
+                .get(&existing.config.name)
+                .is_some_and(|h| Arc::ptr_eq(h, &existing))
+            {
+                maps.by_name.remove(&existing.config.name);
+            }
         }
         if let Some(existing) = maps.by_name.get(&handle.config.name) {
             if !replace(existing) {
@@ -118,5 +130,31 @@ impl Registry {
     pub fn filter(&self, pred: impl Fn(&StreamHandle) -> bool) -> Vec<Arc<StreamHandle>> {
         let maps = self.maps.lock().expect("registry lock");
         maps.by_id.values().filter(|h| pred(h)).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::handle::tests::handle;
+
+    #[test]
+    fn a_handle_of_a_newer_term_replaces_one_of_an_older_term_by_id_and_name() {
+        let registry = Registry::default();
+        let old = Arc::new(handle().with_term(3));
+        assert!(Arc::ptr_eq(&registry.insert(old.clone(), |_| false), &old));
+
+        // Same id and name, loaded again after the slot changed hands.
+        let new = Arc::new(handle().with_term(5));
+        let active = registry.insert(new.clone(), |existing| existing.term() < new.term());
+        assert!(Arc::ptr_eq(&active, &new));
+        assert!(Arc::ptr_eq(&registry.by_id(7).unwrap(), &new));
+        assert!(Arc::ptr_eq(&registry.by_name("s").unwrap(), &new));
+        assert_eq!(registry.len(), 1);
+
+        // A handle of the older term does not displace the current one.
+        let stale = Arc::new(handle().with_term(3));
+        let active = registry.insert(stale.clone(), |existing| existing.term() < stale.term());
+        assert!(Arc::ptr_eq(&active, &new));
     }
 }

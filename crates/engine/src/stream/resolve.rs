@@ -22,6 +22,7 @@ impl Service {
         &self,
         row: StreamRow,
         producers: HashMap<String, (u64, u64)>,
+        term: u64,
     ) -> Result<Arc<StreamHandle>> {
         let config = StreamConfig {
             id: row.id,
@@ -54,19 +55,22 @@ impl Service {
         };
         // A restart must never shorten a sliding TTL: count the load as an access.
         let last_access = row.last_access_ms.max(row.created_ms);
-        Ok(Arc::new(StreamHandle::new(
-            config,
-            row.start,
-            row.retention_secs,
-            row.tail,
-            row.closed,
-            row.closed_by,
-            row.stream_seq,
-            producers,
-            lifecycle,
-            last_access,
-            self.inner.config.tail_cache_bytes_per_stream,
-        )))
+        Ok(Arc::new(
+            StreamHandle::new(
+                config,
+                row.start,
+                row.retention_secs,
+                row.tail,
+                row.closed,
+                row.closed_by,
+                row.stream_seq,
+                producers,
+                lifecycle,
+                last_access,
+                self.inner.config.tail_cache_bytes_per_stream,
+            )
+            .with_term(term),
+        ))
     }
 
     pub(crate) fn check_capacity(&self) -> Result<()> {
@@ -117,20 +121,33 @@ impl Service {
         }
     }
 
-    pub(crate) async fn load(&self, row: Option<StreamRow>) -> Result<Option<Arc<StreamHandle>>> {
+    /// Registers the stream of `row`, read while this node served its slot at
+    /// ownership term `term` (read before the row: see `StreamHandle::term`).
+    pub(crate) async fn load(
+        &self,
+        row: Option<StreamRow>,
+        term: u64,
+    ) -> Result<Option<Arc<StreamHandle>>> {
         let Some(row) = row else { return Ok(None) };
         // Only the owner loads a stream into its registry (its sequencer lives there).
         self.check_owner(&row.name)?;
         self.check_capacity()?;
         let producers = self.inner.meta.producers(row.id).await?;
-        let handle = self.handle_from_row(row, producers)?;
+        let handle = self.handle_from_row(row, producers, term)?;
+        let id = handle.config.id;
         let active = self.inner.registry.insert(handle.clone(), |existing| {
             let v = existing.view();
-            v.evicted || v.lifecycle == Lifecycle::Deleted
+            // A deleted stream's own tombstone stays (its row may not be gone yet).
+            v.evicted
+                || existing.term() < term
+                || (v.lifecycle == Lifecycle::Deleted && existing.config.id != id)
         });
         // A hand-over of the slot may have passed while the row was read; it did
-        // not see this handle, so it must not stay behind (see `submit`).
-        if Arc::ptr_eq(&active, &handle) && !self.serves(&active.config.name) {
+        // not see this handle, so it must not stay behind (see `submit`). Nor may a
+        // handle whose row was read under an earlier term than the slot's now.
+        if Arc::ptr_eq(&active, &handle)
+            && (!self.serves(&active.config.name) || self.term_of(&active.config.name) != term)
+        {
             handle.retire();
             self.inner.registry.remove(&handle);
             return Err(EngineError::NotOwner);
@@ -153,7 +170,7 @@ impl Service {
     ) -> Result<Option<Arc<StreamHandle>>> {
         self.check_owner(name)?;
         for _ in 0..STATE_RETRIES {
-            let handle = match self.inner.registry.by_name(name) {
+            let handle = match self.registered(name) {
                 Some(h) => h,
                 None if !self.inner.names.may_contain(name) => return Ok(None),
                 // Boxed, like the other rare branches below: a future is as large as
@@ -197,17 +214,30 @@ impl Service {
 
     /// A stream not in memory, from the metadata store.
     pub(crate) async fn load_by_name(&self, name: &str) -> Result<Option<Arc<StreamHandle>>> {
-        self.load(self.inner.meta.stream_by_name(name).await?).await
+        let term = self.term_of(name);
+        self.load(self.inner.meta.stream_by_name(name).await?, term)
+            .await
     }
 
     pub(crate) async fn lookup_id(&self, id: u64) -> Result<Option<Arc<StreamHandle>>> {
         for _ in 0..STATE_RETRIES {
-            let handle = match self.inner.registry.by_id(id) {
+            let handle = match self.inner.registry.by_id(id).and_then(|h| self.current(h)) {
                 Some(h) => h,
-                None => match self.load(self.inner.meta.stream_by_id(id).await?).await? {
-                    Some(h) => h,
-                    None => return Ok(None),
-                },
+                None => {
+                    let Some(row) = self.inner.meta.stream_by_id(id).await? else {
+                        return Ok(None);
+                    };
+                    // The row loaded is read after the term is taken, as in
+                    // `load_by_name` (the first read only finds the name).
+                    let term = self.term_of(&row.name);
+                    match self
+                        .load(self.inner.meta.stream_by_id(id).await?, term)
+                        .await?
+                    {
+                        Some(h) => h,
+                        None => return Ok(None),
+                    }
+                }
             };
             if handle.view().evicted {
                 continue;
