@@ -201,6 +201,22 @@ impl ObjectStore for FaultyStore {
             .boxed()
     }
 
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let control = self.control.clone();
+        let inner = self.inner.clone();
+        let (prefix, offset) = (prefix.cloned(), offset.clone());
+        futures::stream::once(async move { control.inject(OpKind::List).await })
+            .flat_map(move |r| match r {
+                Ok(()) => inner.list_with_offset(prefix.as_ref(), &offset),
+                Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+            })
+            .boxed()
+    }
+
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.control.inject(OpKind::List).await?;
         self.inner.list_with_delimiter(prefix).await

@@ -292,6 +292,51 @@ impl InstrumentedStore {
     pub fn new(inner: Arc<dyn ObjectStore>, stats: Arc<StoreStats>) -> InstrumentedStore {
         InstrumentedStore { inner, stats }
     }
+
+    /// A listing that records its requests: S3 returns 1,000 keys per LIST
+    /// request, so one request per page begun, and at least one for an empty one.
+    fn counted_listing(
+        &self,
+        listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        struct Listing {
+            inner: BoxStream<'static, object_store::Result<ObjectMeta>>,
+            stats: Arc<StoreStats>,
+            started: Instant,
+            in_page: u32,
+            pages: u32,
+        }
+        let state = Listing {
+            inner: listing,
+            stats: self.stats.clone(),
+            started: Instant::now(),
+            in_page: 0,
+            pages: 0,
+        };
+        futures::stream::unfold(Some(state), |state| async move {
+            let mut l = state?;
+            match l.inner.next().await {
+                Some(r) => {
+                    l.in_page += 1;
+                    if r.is_err() || l.in_page == 1000 {
+                        l.stats.record(Op::List, Outcome::of(&r), l.started);
+                        l.started = Instant::now();
+                        l.in_page = 0;
+                        l.pages += 1;
+                    }
+                    let next = if r.is_err() { None } else { Some(l) };
+                    Some((r, next))
+                }
+                None => {
+                    if l.in_page > 0 || l.pages == 0 {
+                        l.stats.record(Op::List, Outcome::Ok, l.started);
+                    }
+                    None
+                }
+            }
+        })
+        .boxed()
+    }
 }
 
 impl fmt::Debug for InstrumentedStore {
@@ -389,45 +434,15 @@ impl ObjectStore for InstrumentedStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        // S3 returns 1,000 keys per LIST request: count one request per page begun,
-        // and at least one for an empty listing.
-        struct Listing {
-            inner: BoxStream<'static, object_store::Result<ObjectMeta>>,
-            stats: Arc<StoreStats>,
-            started: Instant,
-            in_page: u32,
-            pages: u32,
-        }
-        let state = Listing {
-            inner: self.inner.list(prefix),
-            stats: self.stats.clone(),
-            started: Instant::now(),
-            in_page: 0,
-            pages: 0,
-        };
-        futures::stream::unfold(Some(state), |state| async move {
-            let mut l = state?;
-            match l.inner.next().await {
-                Some(r) => {
-                    l.in_page += 1;
-                    if r.is_err() || l.in_page == 1000 {
-                        l.stats.record(Op::List, Outcome::of(&r), l.started);
-                        l.started = Instant::now();
-                        l.in_page = 0;
-                        l.pages += 1;
-                    }
-                    let next = if r.is_err() { None } else { Some(l) };
-                    Some((r, next))
-                }
-                None => {
-                    if l.in_page > 0 || l.pages == 0 {
-                        l.stats.record(Op::List, Outcome::Ok, l.started);
-                    }
-                    None
-                }
-            }
-        })
-        .boxed()
+        self.counted_listing(self.inner.list(prefix))
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.counted_listing(self.inner.list_with_offset(prefix, offset))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {

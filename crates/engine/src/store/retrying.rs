@@ -162,6 +162,29 @@ impl ObjectStore for RetryingStore {
         .boxed()
     }
 
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let inner = self.inner.clone();
+        let (prefix, offset) = (prefix.cloned(), offset.clone());
+        futures::stream::once(async move {
+            let shown = prefix.as_ref().map_or("", |p| p.as_ref()).to_string();
+            retry("list", &shown, || {
+                inner
+                    .list_with_offset(prefix.as_ref(), &offset)
+                    .try_collect::<Vec<_>>()
+            })
+            .await
+        })
+        .flat_map(|listed| match listed {
+            Ok(all) => futures::stream::iter(all.into_iter().map(Ok)).boxed(),
+            Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+        })
+        .boxed()
+    }
+
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         let shown = prefix.map_or("", |p| p.as_ref()).to_string();
         retry("list", &shown, || self.inner.list_with_delimiter(prefix)).await

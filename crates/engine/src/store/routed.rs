@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -134,6 +134,22 @@ impl ObjectStore for RoutedStore {
                 })
                 .chain(self.wal.list(None))
                 .boxed(),
+        }
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        match prefix {
+            Some(p) => self.route(p).list_with_offset(Some(p), offset),
+            None => {
+                let offset = offset.clone();
+                self.list(None)
+                    .try_filter(move |m| std::future::ready(m.location > offset))
+                    .boxed()
+            }
         }
     }
 
