@@ -4,7 +4,11 @@
 //! - conditional PUTs (`If-None-Match: *`, `If-Match`) are atomic: s3s-fs checks and
 //!   then writes, so two racing create-only PUTs could both succeed; here every PUT
 //!   holds a per-key lock across check and write;
-//! - accepted sockets get TCP_NODELAY (otherwise Nagle + delayed ACKs add ~40 ms).
+//! - accepted sockets get TCP_NODELAY (otherwise Nagle + delayed ACKs add ~40 ms);
+//! - a listing without a delimiter walks only the directory its prefix names, not
+//!   the whole bucket for every page (s3s-fs's way, which makes a LIST of a few keys
+//!   take seconds once a bucket holds 100,000 objects; S3's cost follows the keys
+//!   returned).
 //!
 //! It can also be switched "down" (every request answers 503), to test outages
 //! against a real HTTP object store. It is not a mock: object_store's S3 client
@@ -54,6 +58,8 @@ impl Control {
 
 struct AtomicFs {
     fs: s3s_fs::FileSystem,
+    /// The directory holding one subdirectory per bucket.
+    root: PathBuf,
     stripes: Vec<Mutex<()>>,
     hasher: std::collections::hash_map::RandomState,
     control: Arc<Control>,
@@ -146,7 +152,56 @@ impl S3 for AtomicFs {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.control.check()?;
-        self.fs.list_objects_v2(req).await
+        if req.input.delimiter.is_some() {
+            return self.fs.list_objects_v2(req).await;
+        }
+        let input = req.input;
+        let bucket_dir = self.root.join(&input.bucket);
+        if input.bucket.contains(['/', '\\'])
+            || input.bucket.starts_with('.')
+            || !bucket_dir.is_dir()
+        {
+            return Err(s3_error!(NoSuchBucket));
+        }
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let after = match (input.continuation_token.clone(), input.start_after.clone()) {
+            (Some(c), Some(a)) => Some(c.max(a)),
+            (c, a) => c.or(a),
+        };
+        let max_keys = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
+        let walk_prefix = prefix.clone();
+        let listed = tokio::task::spawn_blocking(move || list_keys(&bucket_dir, &walk_prefix))
+            .await
+            .map_err(|e| s3_error!(InternalError, "listing: {e}"))?
+            .map_err(|e| s3_error!(InternalError, "listing: {e}"))?;
+        let mut contents: Vec<Object> = listed
+            .into_iter()
+            .filter(|(key, _, _)| after.as_ref().is_none_or(|a| key > a))
+            .take(max_keys + 1)
+            .map(|(key, size, modified)| Object {
+                key: Some(key),
+                size: Some(size as i64),
+                last_modified: Some(Timestamp::from(modified)),
+                ..Default::default()
+            })
+            .collect();
+        let truncated = contents.len() > max_keys;
+        contents.truncate(max_keys);
+        let next = truncated
+            .then(|| contents.last().and_then(|o| o.key.clone()))
+            .flatten();
+        Ok(S3Response::new(ListObjectsV2Output {
+            key_count: Some(contents.len() as i32),
+            contents: Some(contents),
+            name: Some(input.bucket),
+            prefix: input.prefix,
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(truncated),
+            continuation_token: input.continuation_token,
+            next_continuation_token: next,
+            start_after: input.start_after,
+            ..Default::default()
+        }))
     }
 
     async fn delete_objects(
@@ -237,6 +292,7 @@ pub async fn start(
     let control = Arc::new(Control::default());
     let store = AtomicFs {
         fs,
+        root: root.canonicalize()?,
         stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         hasher: Default::default(),
         control: control.clone(),
@@ -295,4 +351,46 @@ pub fn start_in_background(root: &Path, buckets: &[&str]) -> std::io::Result<S3S
         })?;
     rx.recv()
         .map_err(|_| std::io::Error::other("s3 test server thread died"))?
+}
+
+/// The objects of the bucket in `bucket_dir` whose keys start with `prefix`, sorted
+/// by key: (key, size, modified). Only the directory the prefix names (up to its
+/// last `/`) is walked.
+fn list_keys(
+    bucket_dir: &Path,
+    prefix: &str,
+) -> std::io::Result<Vec<(String, u64, std::time::SystemTime)>> {
+    let (dir, base) = match prefix.rsplit_once('/') {
+        Some((dir, _)) => (bucket_dir.join(dir), format!("{dir}/")),
+        None => (bucket_dir.to_path_buf(), String::new()),
+    };
+    let mut out = Vec::new();
+    let mut queue = vec![(dir, base)];
+    while let Some((dir, key_base)) = queue.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let key = format!("{key_base}{name}");
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                // Only directories that can hold keys under the prefix.
+                let dir_key = format!("{key}/");
+                if dir_key.starts_with(prefix) || prefix.starts_with(&dir_key) {
+                    queue.push((entry.path(), dir_key));
+                }
+            } else if kind.is_file() && key.starts_with(prefix) {
+                let meta = entry.metadata()?;
+                out.push((key, meta.len(), meta.modified()?));
+            }
+        }
+    }
+    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
