@@ -232,6 +232,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route(cluster::peers::PIN_PATH, post(cluster::peers::pin))
         .route(cluster::peers::UNPIN_PATH, post(cluster::peers::unpin))
         .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
+        .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
         .fallback(ds::handle);
     if state.guarded {
         admin = admin.layer(axum::middleware::from_fn_with_state(state.clone(), guard));

@@ -35,6 +35,9 @@ use crate::stream::Service;
 const HAND_OVER_BATCH: usize = 64;
 /// The loop's pace while slots are moving (it runs every renewal interval otherwise).
 const BUSY_STEP: Duration = Duration::from_millis(100);
+/// How long after another member's lease runs out (by the metadata store's clock)
+/// the loop looks again.
+const LAPSE_MARGIN: Duration = Duration::from_millis(20);
 
 pub(crate) struct Membership {
     cluster: Arc<Cluster>,
@@ -67,15 +70,21 @@ impl Membership {
         let every = self.cluster.lease.renew_every();
         loop {
             let started = Instant::now();
-            let busy = match self.step().await {
-                Ok(busy) => busy,
+            let (busy, lapse) = match self.step().await {
+                Ok(next) => next,
                 Err(e) => {
                     tracing::warn!(error = %e, "cluster membership step failed; retrying");
-                    false
+                    (false, None)
                 }
             };
             let pace = if busy { BUSY_STEP } else { every };
-            let next = started + pace;
+            // A member whose lease runs out before the next step is looked at again
+            // just after it does: a dead node's streams wait for its lease, not for
+            // the lease and then up to a renewal interval more.
+            let next = match lapse {
+                Some(left) => (started + pace).min(started + left + LAPSE_MARGIN),
+                None => started + pace,
+            };
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
                 () = self.cluster.nudged() => {}
@@ -83,10 +92,11 @@ impl Membership {
         }
     }
 
-    /// One round; `true` when slots are still moving (run again soon).
-    async fn step(&self) -> Result<bool> {
+    /// One round: whether slots are still moving (run again soon), and how long
+    /// until the next lease of another running member runs out, as read now.
+    async fn step(&self) -> Result<(bool, Option<Duration>)> {
         if !self.renew().await {
-            return Ok(false);
+            return Ok((false, None));
         }
         let members = self.cluster.coord.members().await?;
         let slots = self.cluster.coord.slots().await?;
@@ -95,7 +105,12 @@ impl Membership {
             self.cluster.apply_slot(*row);
         }
         self.take_over_dead(&members);
-        self.rebalance(&members, &slots).await
+        let lapse = members
+            .iter()
+            .filter(|m| m.epoch != self.cluster.epoch && m.is_alive())
+            .map(|m| Duration::from_millis(m.lease_left_ms as u64))
+            .min();
+        Ok((self.rebalance(&members, &slots).await?, lapse))
     }
 
     /// Renews this member's lease; `false` when it does not hold one now.
@@ -162,18 +177,23 @@ impl Membership {
             if !self.taking.lock().expect("takeovers").insert(m.epoch) {
                 continue;
             }
-            let (takeover, taking, cluster, dead) = (
+            let (takeover, taking, cluster, dead, service) = (
                 self.takeover.clone(),
                 self.taking.clone(),
                 self.cluster.clone(),
                 m.clone(),
+                self.service.clone(),
             );
+            // The others claim their shares of the dead member's slots as soon as
+            // its log is indexed, not at their next step.
+            let others: Vec<String> = members
+                .iter()
+                .filter(|o| o.epoch != self.cluster.epoch && o.epoch != m.epoch && o.is_alive())
+                .map(|o| o.advertise.clone())
+                .collect();
             tokio::spawn(async move {
-                match takeover.run(dead.epoch).await {
-                    Ok(Some(objects)) => tracing::info!(
-                        node = %dead.node_id, epoch = dead.epoch, objects,
-                        "took over a member whose lease lapsed: its log is sealed and indexed"
-                    ),
+                match takeover.run(&dead.node_id, dead.epoch).await {
+                    Ok(Some(_)) => service.tell_members(others),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(
                         node = %dead.node_id, epoch = dead.epoch, error = %e,

@@ -89,6 +89,9 @@ pub trait Peers: Send + Sync + 'static {
     async fn unpin_fork(&self, url: &str, source_id: u64, pin: u64) -> Result<()>;
     /// Asks the owner to delete the soft-deleted `source_id` if its last fork went.
     async fn cascade(&self, url: &str, source_id: u64) -> Result<()>;
+    /// Tells the member that slots changed hands (a takeover finished), so it looks
+    /// at the cluster now instead of at its next step.
+    async fn nudge(&self, url: &str) -> Result<()>;
 }
 
 /// A member as the nodes endpoint shows it.

@@ -298,6 +298,31 @@ impl Service {
         }
     }
 
+    /// Another member says slots changed hands (it finished a takeover): look at
+    /// the cluster now rather than at the next renewal.
+    pub fn cluster_changed(&self) {
+        if let Some(side) = self.cluster_side() {
+            side.cluster.nudge();
+        }
+    }
+
+    /// After a takeover: tells the members at `urls` to look at the cluster now, so
+    /// each claims its share of the dead member's slots at once (best effort: they
+    /// look at their next step anyway).
+    pub(crate) fn tell_members(&self, urls: Vec<String>) {
+        let Some(Ok(peers)) = self.cluster_side().map(|side| side.peers().cloned()) else {
+            return;
+        };
+        for url in urls {
+            let peers = peers.clone();
+            tokio::spawn(async move {
+                if let Err(e) = peers.nudge(&url).await {
+                    tracing::debug!(member = %url, error = %e, "telling a member of a takeover failed");
+                }
+            });
+        }
+    }
+
     /// Asks the owner of the fork source `pin.source` to pin the fork point.
     pub(crate) async fn pin_remote_fork(&self, pin: &ForkPin) -> Result<(String, PinnedFork)> {
         let side = self.cluster_side().expect("called in a cluster");

@@ -1,7 +1,8 @@
 //! Members' calls to each other, under `/__picomq/cluster/`: pinning a fork point
-//! on a source this member serves, releasing the pin, and cascading a delete to a
-//! soft-deleted source (see the engine's `stream::cluster`). Each call carries the
-//! cluster key ([`CLUSTER_KEY`]), which only members read from the metadata store.
+//! on a source this member serves, releasing the pin, cascading a delete to a
+//! soft-deleted source (see the engine's `stream::cluster`), and telling a member
+//! that a takeover finished. Each call carries the cluster key ([`CLUSTER_KEY`]),
+//! which only members read from the metadata store.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use crate::AppState;
 pub const PIN_PATH: &str = "/__picomq/cluster/fork-pin";
 pub const UNPIN_PATH: &str = "/__picomq/cluster/fork-unpin";
 pub const CASCADE_PATH: &str = "/__picomq/cluster/cascade";
+pub const NUDGE_PATH: &str = "/__picomq/cluster/nudge";
 
 #[derive(Deserialize, serde::Serialize)]
 pub struct Unpin {
@@ -128,6 +130,12 @@ impl Peers for PeerClient {
         let body = serde_json::to_string(&Cascade { source_id }).expect("serializable");
         self.call(url, CASCADE_PATH, body).await.map(|_| ())
     }
+
+    async fn nudge(&self, url: &str) -> EngineResult<()> {
+        self.call(url, NUDGE_PATH, "{}".to_string())
+            .await
+            .map(|_| ())
+    }
 }
 
 /// Equal bytes, compared without an early exit (the time says nothing of how much
@@ -199,5 +207,15 @@ pub async fn cascade(
     check_key(&app, &headers)?;
     let req: Cascade = json_body(&app, body).await?;
     app.engine.cascade_from_peer(req.source_id).await?;
+    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+}
+
+/// Another member finished a takeover: this one looks at the cluster now.
+pub async fn nudge(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    app.engine.cluster_changed();
     Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
 }
