@@ -16,7 +16,7 @@ pub struct ApiError {
     pub message: String,
     pub headers: Vec<(HeaderName, String)>,
     /// Extra fields of the JSON `error` object (e.g. `startOffset` of a 410).
-    pub fields: Vec<(&'static str, String)>,
+    pub fields: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl ApiError {
@@ -28,6 +28,9 @@ impl ApiError {
             headers: Vec::new(),
             fields: Vec::new(),
         }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
@@ -41,7 +44,19 @@ impl ApiError {
     }
     /// Adds a field to the JSON `error` object.
     pub fn with_field(mut self, name: &'static str, value: impl ToString) -> Self {
-        self.fields.push((name, value.to_string()));
+        self.fields
+            .push((name, serde_json::Value::String(value.to_string())));
+        self
+    }
+    /// The same error under another code (the Durable Streams subscription APIs
+    /// name theirs in capitals: `FENCED`, `ALREADY_CLAIMED`).
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = code;
+        self
+    }
+    /// Adds a field of any JSON type to the `error` object.
+    pub fn with_json_field(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.fields.push((name, value));
         self
     }
 }
@@ -144,7 +159,7 @@ impl IntoResponse for ApiError {
         let mut body =
             serde_json::json!({ "error": { "code": self.code, "message": self.message } });
         for (name, value) in self.fields {
-            body["error"][name] = serde_json::Value::String(value);
+            body["error"][name] = value;
         }
         let mut resp = Response::new(Body::from(body.to_string()));
         *resp.status_mut() = self.status;

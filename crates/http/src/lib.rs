@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod retention;
 pub mod server;
 pub mod shutdown;
+pub mod subscriptions;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -68,6 +69,13 @@ pub struct HttpConfig {
     /// A cluster member's routing: how clients reach a stream's owner, and the key
     /// members call each other with. `None` outside a cluster.
     pub cluster: Option<ClusterRouting>,
+    /// How the Durable Streams subscriptions of the node behave.
+    pub subscriptions: subscriptions::Settings,
+    /// Where clients reach this server (`https://streams.example.com`), for the
+    /// URLs subscription bodies hand out; `None`: from each request's Host.
+    pub public_url: Option<String>,
+    /// The API port serves HTTPS.
+    pub tls: bool,
 }
 
 /// How a cluster member's edge routes.
@@ -93,6 +101,9 @@ impl Default for HttpConfig {
             live_readers_per_stream_max: 10_000,
             live_readers_per_token_max: 10_000,
             cluster: None,
+            subscriptions: subscriptions::Settings::default(),
+            public_url: None,
+            tls: false,
         }
     }
 }
@@ -155,6 +166,10 @@ pub struct AppState {
     pub live: Arc<LiveReaders>,
     /// A cluster member's routing (proxy or redirect) and peer key.
     pub cluster: Option<cluster::ClusterEdge>,
+    /// The Durable Streams subscriptions this node drives.
+    pub subscriptions: Arc<subscriptions::Subscriptions>,
+    pub public_url: Option<String>,
+    pub tls: bool,
 }
 
 pub fn router(engine: Engine, config: HttpConfig) -> Api {
@@ -166,20 +181,27 @@ pub fn router(engine: Engine, config: HttpConfig) -> Api {
 pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     let edge = match (&config.cluster, engine.cluster()) {
         (Some(routing), Some(_)) => {
-            engine.set_peers(Arc::new(cluster::peers::PeerClient::new(
-                routing.key.clone(),
-            )));
+            let peers = Arc::new(cluster::peers::PeerClient::new(routing.key.clone()));
+            engine.set_peers(peers.clone());
             Some(cluster::ClusterEdge {
                 node_id: HeaderValue::from_str(&engine.cluster().expect("a member").config.node_id)
                     .expect("node ids are printable ASCII"),
                 mode: routing.mode,
                 proxy: cluster::Proxy::new().expect("TLS with the system's trust store"),
                 key: routing.key.clone(),
+                peers,
                 stats: cluster::EdgeStats::default(),
             })
         }
         _ => None,
     };
+    let mut settings = config.subscriptions.clone();
+    if engine.cluster().is_some() {
+        // Appends on other members are not seen here: idle subscriptions look often.
+        settings.rescan = settings.rescan.min(Duration::from_secs(1));
+    }
+    let subscriptions =
+        subscriptions::Subscriptions::new(engine.clone(), settings, config.shutdown.clone());
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -205,7 +227,12 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
             config.live_readers_per_token_max,
         ),
         cluster: edge,
+        subscriptions: subscriptions.clone(),
+        public_url: config.public_url,
+        tls: config.tls,
     });
+    subscriptions.connect(&state);
+    tokio::spawn(subscriptions.run(Duration::from_secs(1)));
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -233,6 +260,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route(cluster::peers::UNPIN_PATH, post(cluster::peers::unpin))
         .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
         .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
+        .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
+        .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
         .fallback(ds::handle);
     if state.guarded {
         admin = admin.layer(axum::middleware::from_fn_with_state(state.clone(), guard));

@@ -33,6 +33,7 @@ pub async fn metrics(
     if let Some(edge) = &app.cluster {
         picomq_engine::metrics::Source::export(&edge.stats, &mut out);
     }
+    picomq_engine::metrics::Source::export(&*app.subscriptions, &mut out);
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

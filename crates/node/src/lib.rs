@@ -352,6 +352,7 @@ impl Incarnation {
             tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
         }
         http.auth = auth;
+        http.tls = tls.is_some();
         let (app, admin_routes) = picomq_http::routers(engine.clone(), http);
         if let Some(admin) = &ports.admin {
             let admin = Ports::listener(admin)?;

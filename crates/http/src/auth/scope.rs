@@ -21,16 +21,24 @@ pub enum Op {
     Admin = 16,
     /// Issue, list and revoke tokens (within the issuer's own rights).
     Tokens = 32,
+    /// Create, read and delete Durable Streams subscriptions and their stream links
+    /// (on the subscription's path, `{root}__ds/subscriptions/ID`).
+    Subscribe = 64,
+    /// Claim a pull-wake subscription's wake (ack and release take the claim's own
+    /// token).
+    Claim = 128,
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub const ALL: [Op; 8] = [
         Op::Create,
         Op::Append,
         Op::Read,
         Op::Delete,
         Op::Admin,
         Op::Tokens,
+        Op::Subscribe,
+        Op::Claim,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +49,8 @@ impl Op {
             Op::Delete => "delete",
             Op::Admin => "admin",
             Op::Tokens => "tokens",
+            Op::Subscribe => "subscribe",
+            Op::Claim => "claim",
         }
     }
 }
@@ -51,7 +61,7 @@ pub struct Ops(u8);
 
 impl Ops {
     pub fn all() -> Ops {
-        Ops(63)
+        Ops(255)
     }
     pub fn has(self, op: Op) -> bool {
         self.0 & op as u8 != 0
@@ -260,7 +270,7 @@ pub struct Scope {
 
 impl Scope {
     /// `OPS:PATTERN`, OPS a comma-separated list of create, append, read, delete,
-    /// admin, tokens, or `all`. `PATTERN` defaults to `**` when `:PATTERN` is left out.
+    /// admin, tokens, subscribe, claim, or `all`. `PATTERN` defaults to `**` when `:PATTERN` is left out.
     pub fn parse(text: &str) -> Result<Scope, String> {
         let text = text.trim();
         let (ops_text, pattern_text) = text.split_once(':').unwrap_or((text, "**"));
@@ -271,7 +281,7 @@ impl Scope {
                 w => {
                     let op = Op::ALL.into_iter().find(|op| op.name() == w).ok_or_else(|| {
                         format!(
-                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens or all)"
+                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens, subscribe, claim or all)"
                         )
                     })?;
                     ops.with(op)

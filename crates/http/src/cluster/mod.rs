@@ -83,6 +83,8 @@ pub struct ClusterEdge {
     pub proxy: Proxy,
     /// The key members present to each other ([`CLUSTER_KEY`]).
     pub key: String,
+    /// Calls to other members (the engine's, and the subscriptions').
+    pub peers: Arc<peers::PeerClient>,
     pub stats: EdgeStats,
 }
 
@@ -190,6 +192,26 @@ pub async fn route(
                 }
             }
         }
+    }
+}
+
+/// Appends the JSON `body` to `name` at the member serving it (its owner as the
+/// metadata store has it now).
+pub async fn append_at_owner(
+    app: &Arc<AppState>,
+    name: &str,
+    body: bytes::Bytes,
+) -> Result<(), ApiError> {
+    let (Some(cluster), Some(edge)) = (app.engine.cluster(), app.cluster.as_ref()) else {
+        return Err(picomq_engine::EngineError::NotOwner.into());
+    };
+    match cluster.refresh_slot(slot_of(name)).await? {
+        Route::Remote { url, .. } => {
+            let body = String::from_utf8(body.to_vec())
+                .map_err(|_| ApiError::bad_request("a JSON body is UTF-8"))?;
+            Ok(edge.peers.append(&url, name, body).await?)
+        }
+        _ => Err(picomq_engine::EngineError::NotOwner.into()),
     }
 }
 

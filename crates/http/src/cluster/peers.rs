@@ -24,6 +24,26 @@ pub const PIN_PATH: &str = "/__picomq/cluster/fork-pin";
 pub const UNPIN_PATH: &str = "/__picomq/cluster/fork-unpin";
 pub const CASCADE_PATH: &str = "/__picomq/cluster/cascade";
 pub const NUDGE_PATH: &str = "/__picomq/cluster/nudge";
+pub const APPEND_PATH: &str = "/__picomq/cluster/append";
+pub const TAILS_PATH: &str = "/__picomq/cluster/tails";
+
+/// The durable tails of streams a member serves, asked by another (the index in
+/// the metadata store may lag them).
+#[derive(Deserialize, serde::Serialize)]
+pub struct Tails {
+    pub streams: Vec<String>,
+}
+
+/// At most this many streams per tails call.
+pub const TAILS_MAX: usize = 1_000;
+
+/// An append one member makes on a stream another serves (a subscription's wake
+/// event on its wake stream).
+#[derive(Deserialize, serde::Serialize)]
+pub struct Append {
+    pub stream: String,
+    pub body: String,
+}
 
 #[derive(Deserialize, serde::Serialize)]
 pub struct Unpin {
@@ -81,6 +101,28 @@ impl PeerClient {
             return Ok(resp.body);
         }
         Err(error_from(&resp))
+    }
+
+    /// The tails of `streams` (those the member at `base` serves), by name.
+    pub async fn tails(
+        &self,
+        base: &str,
+        streams: Vec<String>,
+    ) -> EngineResult<std::collections::HashMap<String, u64>> {
+        let call = serde_json::to_string(&Tails { streams }).expect("serializable");
+        let bytes = self.call(base, TAILS_PATH, call).await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Internal(format!("tails answer from {base}: {e}")))
+    }
+
+    /// Appends the JSON `body` to `stream` at the member at `base`.
+    pub async fn append(&self, base: &str, stream: &str, body: String) -> EngineResult<()> {
+        let call = serde_json::to_string(&Append {
+            stream: stream.to_string(),
+            body,
+        })
+        .expect("serializable");
+        self.call(base, APPEND_PATH, call).await.map(|_| ())
     }
 }
 
@@ -218,4 +260,54 @@ pub async fn nudge(
     check_key(&app, &headers)?;
     app.engine.cluster_changed();
     Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+}
+
+/// Another member appends to a stream this one serves.
+pub async fn append(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let req: Append = json_body(&app, body).await?;
+    let max = app.engine.config().stream_name_bytes_max;
+    let name = picomq_engine::StreamName::new(req.stream, max)?;
+    app.engine
+        .append(picomq_engine::AppendRequest::new(
+            name.clone(),
+            picomq_engine::ContentType::new("application/json", 64)?,
+            Bytes::from(req.body),
+        ))
+        .await?;
+    app.subscriptions.on_write(&name);
+    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+}
+
+/// Another member asks for the tails of streams this one serves.
+pub async fn tails(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let req: Tails = json_body(&app, body).await?;
+    if req.streams.len() > TAILS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "at most {TAILS_MAX} streams per call"
+        )));
+    }
+    let max = app.engine.config().stream_name_bytes_max;
+    let mut out = serde_json::Map::new();
+    for name in req.streams {
+        let Ok(stream) = picomq_engine::StreamName::new(name.clone(), max) else {
+            continue;
+        };
+        if let Ok(info) = app.engine.head(&stream).await {
+            out.insert(name, serde_json::json!(info.tail.0));
+        }
+    }
+    Ok(crate::json_response(
+        StatusCode::OK,
+        serde_json::Value::Object(out),
+    ))
 }

@@ -95,6 +95,13 @@ impl Proxy {
                 out.append(name.clone(), value.clone());
             }
         }
+        // The owner hands out URLs (subscription callbacks) as the client saw them.
+        if let (Some(host), false) = (
+            headers.get(header::HOST),
+            headers.contains_key("x-forwarded-host"),
+        ) {
+            out.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+        }
         out.insert(
             HeaderName::from_static(FORWARDED_BY),
             HeaderValue::from_str(from_node).map_err(|e| ForwardError::Request(e.to_string()))?,

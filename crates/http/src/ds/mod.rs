@@ -38,6 +38,21 @@ pub async fn handle(
             .body(Body::empty())
             .expect("static response"));
     }
+    // The Durable Streams control APIs come before any stream (PROTOCOL.md 6).
+    if let Some((root, rest)) = crate::subscriptions::split_reserved(uri.path()) {
+        let (root, rest) = (root.to_string(), rest.to_string());
+        return Box::pin(crate::subscriptions::handle(
+            &app,
+            principal.as_ref(),
+            &root,
+            &rest,
+            &method,
+            &uri,
+            &headers,
+            body,
+        ))
+        .await;
+    }
     let mut name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
     if name.starts_with("__") {
         return Err(ApiError::new(

@@ -53,6 +53,9 @@ pub async fn create(
         body,
     };
     let (created, info) = app.engine.create(request).await?;
+    if created {
+        app.subscriptions.on_write(&info.name);
+    }
     let mut resp = Response::builder()
         .status(if created {
             StatusCode::CREATED
@@ -236,6 +239,8 @@ pub async fn append(
     }
     let has_body = !body.is_empty();
     let has_producer = producer.is_some();
+    // Only while subscriptions exist does an append pay for telling them.
+    let watched = app.subscriptions.watching().then(|| name.clone());
     let outcome = app
         .engine
         .append(AppendRequest {
@@ -247,6 +252,9 @@ pub async fn append(
             producer,
         })
         .await?;
+    if let Some(name) = watched {
+        app.subscriptions.on_write(&name);
+    }
     let resp = match outcome {
         AppendOutcome::Appended {
             tail,
