@@ -26,6 +26,7 @@ mod s3_store;
 mod serve_config;
 mod server_ops;
 mod streams_cheap;
+mod subscriptions;
 mod tls_serving;
 mod trim_retention;
 mod ttl_expiry;
