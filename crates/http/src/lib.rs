@@ -8,11 +8,13 @@ pub mod cursor;
 pub mod digits;
 pub mod ds;
 pub mod error;
+pub mod groups;
 pub mod headers;
 pub mod limits;
 pub mod listing;
 pub mod maintenance;
 pub mod metrics;
+pub mod positions;
 pub mod retention;
 pub mod server;
 pub mod shutdown;
@@ -32,7 +34,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use axum::middleware::Next;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use picomq_engine::Engine;
 use tracing::Instrument;
@@ -168,8 +170,24 @@ pub struct AppState {
     pub cluster: Option<cluster::ClusterEdge>,
     /// The Durable Streams subscriptions this node drives.
     pub subscriptions: Arc<subscriptions::Subscriptions>,
+    /// The consumer groups of the streams this node serves.
+    pub groups: Arc<groups::Groups>,
+    pub positions: Arc<positions::Positions>,
     pub public_url: Option<String>,
     pub tls: bool,
+}
+
+impl AppState {
+    /// Whether a write must tell anyone (subscriptions, waiting group claims).
+    pub fn watching_writes(&self) -> bool {
+        self.subscriptions.watching() || self.groups.watching()
+    }
+
+    /// A write to stream `name` was acknowledged.
+    pub fn written(&self, name: &str) {
+        self.subscriptions.on_write(name);
+        self.groups.on_write(name);
+    }
 }
 
 pub fn router(engine: Engine, config: HttpConfig) -> Api {
@@ -202,6 +220,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     }
     let subscriptions =
         subscriptions::Subscriptions::new(engine.clone(), settings, config.shutdown.clone());
+    let groups = groups::Groups::new(engine.clone());
+    let positions = positions::Positions::new(engine.clone());
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -228,10 +248,13 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         ),
         cluster: edge,
         subscriptions: subscriptions.clone(),
+        groups,
+        positions,
         public_url: config.public_url,
         tls: config.tls,
     });
     subscriptions.connect(&state);
+    state.groups.connect(&state);
     tokio::spawn(subscriptions.run(Duration::from_secs(1)));
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
@@ -261,6 +284,9 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
         .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
         .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
+        .route(groups::PATH, get(groups::list))
+        .route(groups::ITEM_PATH, any(groups::handle))
+        .route(positions::PATH, any(positions::handle))
         .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
         .fallback(ds::handle);
     if state.guarded {

@@ -34,6 +34,7 @@ pub async fn metrics(
         picomq_engine::metrics::Source::export(&edge.stats, &mut out);
     }
     picomq_engine::metrics::Source::export(&*app.subscriptions, &mut out);
+    app.groups.export(&mut out).await;
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

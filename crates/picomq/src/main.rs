@@ -100,7 +100,7 @@ enum Command {
     /// Benchmark any Durable Streams server (appends, live and catch-up reads, costs).
     Bench(Box<picomq_bench::BenchArgs>),
     #[command(flatten)]
-    Client(cli::ClientCommand),
+    Client(Box<cli::ClientCommand>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -123,6 +123,6 @@ fn main() -> std::process::ExitCode {
                 tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::new());
             runtime.block_on(picomq_bench::run(*args))
         }
-        Command::Client(command) => runtime.block_on(cli::run(command)),
+        Command::Client(command) => runtime.block_on(cli::run(*command)),
     }
 }

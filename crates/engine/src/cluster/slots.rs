@@ -13,7 +13,26 @@ pub const SLOTS: u32 = 1024;
 /// The slot a stream name belongs to. CRC-32C: stable across versions, platforms
 /// and processes (the slot of a name must never change).
 pub fn slot_of(name: &str) -> u32 {
-    crc32c::crc32c(name.as_bytes()) % SLOTS
+    crc32c::crc32c(placed_by(name).as_bytes()) % SLOTS
+}
+
+/// Prefixes of companion streams: server-kept state about one stream (a consumer
+/// group's, a consumer's position), named `PREFIX{key}/{stream}` with a `key`
+/// without `/`. A companion lives in its stream's slot, so the member serving the
+/// stream serves its companions and works on both locally. No client can name a
+/// stream starting with `__`, so no stream's slot is changed by this.
+pub const COMPANION_PREFIXES: [&str; 2] = ["__groups/", "__positions/"];
+
+/// The name whose slot `name` takes: its stream's for a companion, its own else.
+pub fn placed_by(name: &str) -> &str {
+    for prefix in COMPANION_PREFIXES {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            if let Some((_, stream)) = rest.split_once('/') {
+                return stream;
+            }
+        }
+    }
+    name
 }
 
 /// The score of `node_id` for `slot`; the highest score wins.
@@ -24,6 +43,19 @@ fn score(slot: u32, node_key: u64) -> u64 {
 /// The stable key of a node id (its score inputs).
 pub fn node_key(node_id: &str) -> u64 {
     splitmix64(u64::from(crc32c::crc32c(node_id.as_bytes())) << 32 | node_id.len() as u64)
+}
+
+#[cfg(test)]
+mod companion_tests {
+    use super::*;
+
+    #[test]
+    fn a_companion_stream_lives_in_its_streams_slot() {
+        assert_eq!(slot_of("__groups/g1/orders/eu"), slot_of("orders/eu"));
+        assert_eq!(slot_of("__positions/fn-a/orders/eu"), slot_of("orders/eu"));
+        assert_eq!(slot_of("orders/eu"), crc32c::crc32c(b"orders/eu") % SLOTS);
+        assert_eq!(placed_by("__groups/nogroup"), "__groups/nogroup");
+    }
 }
 
 fn splitmix64(mut x: u64) -> u64 {

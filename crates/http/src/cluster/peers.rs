@@ -279,7 +279,7 @@ pub async fn append(
             Bytes::from(req.body),
         ))
         .await?;
-    app.subscriptions.on_write(&name);
+    app.written(&name);
     Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
 }
 

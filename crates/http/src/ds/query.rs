@@ -78,6 +78,8 @@ pub struct ReadParams {
     pub offset: Option<String>,
     pub live: Option<String>,
     pub cursor: Option<String>,
+    /// `consumer=NAME`: without an offset, read from NAME's committed position.
+    pub consumer: Option<String>,
 }
 
 pub fn read_params(query: Option<&str>) -> Result<ReadParams, ApiError> {
@@ -94,6 +96,7 @@ pub fn read_params(query: Option<&str>) -> Result<ReadParams, ApiError> {
             }
             "live" => params.live = Some(value),
             "cursor" => params.cursor = Some(value),
+            "consumer" => params.consumer = Some(value),
             _ => {}
         }
     }

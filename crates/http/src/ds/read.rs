@@ -78,7 +78,13 @@ pub async fn get(
     raw_query: Option<&str>,
     headers: &HeaderMap,
 ) -> HttpResult {
-    let params = query::read_params(raw_query)?;
+    let mut params = query::read_params(raw_query)?;
+    if let (None, Some(consumer)) = (&params.offset, &params.consumer) {
+        // A server-kept position (`positions.rs`); none yet: the beginning.
+        crate::positions::check_consumer(consumer)?;
+        let at = app.positions.get(consumer, &name).await?;
+        params.offset = Some(at.map_or_else(|| "-1".to_string(), |o| o.to_string()));
+    }
     let live = Live::parse(params.live.as_deref())?;
     if live != Live::CatchUp && params.offset.is_none() {
         return Err(ApiError::bad_request(

@@ -54,7 +54,7 @@ pub async fn create(
     };
     let (created, info) = app.engine.create(request).await?;
     if created {
-        app.subscriptions.on_write(&info.name);
+        app.written(&info.name);
     }
     let mut resp = Response::builder()
         .status(if created {
@@ -240,7 +240,7 @@ pub async fn append(
     let has_body = !body.is_empty();
     let has_producer = producer.is_some();
     // Only while subscriptions exist does an append pay for telling them.
-    let watched = app.subscriptions.watching().then(|| name.clone());
+    let watched = app.watching_writes().then(|| name.clone());
     let outcome = app
         .engine
         .append(AppendRequest {
@@ -253,7 +253,7 @@ pub async fn append(
         })
         .await?;
     if let Some(name) = watched {
-        app.subscriptions.on_write(&name);
+        app.written(&name);
     }
     let resp = match outcome {
         AppendOutcome::Appended {

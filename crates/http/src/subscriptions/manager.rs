@@ -634,7 +634,10 @@ impl Subscriptions {
         let req = AppendRequest::new(stream, json_type(), body.clone());
         match self.engine.append(req).await {
             Ok(_) => {
-                self.on_write(name);
+                match self.app.get().and_then(Weak::upgrade) {
+                    Some(app) => app.written(name),
+                    None => self.on_write(name),
+                }
                 Ok(())
             }
             Err(EngineError::NotOwner) => {

@@ -5,6 +5,7 @@
 //! Nothing here knows the server's internals: only the HTTP API.
 
 mod append;
+mod group;
 mod lifecycle;
 mod node;
 mod progress;
@@ -50,6 +51,14 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: node::NodeCommand,
     },
+    /// Consumer groups: create one on a stream, list them, show one, delete one.
+    Group {
+        #[command(subcommand)]
+        command: group::GroupCommand,
+    },
+    /// Take messages from a consumer group: print each (or run --exec on it) and
+    /// acknowledge it; a failed --exec hands it back.
+    Consume(group::ConsumeArgs),
 }
 
 pub async fn run(command: ClientCommand) -> ExitCode {
@@ -63,6 +72,8 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Trim(a) => a.conn.output,
         ClientCommand::Token { command } => command.conn().output,
         ClientCommand::Node { command } => command.conn().output,
+        ClientCommand::Group { command } => command.conn().output,
+        ClientCommand::Consume(a) => a.conn.output,
     };
     let result = match command {
         ClientCommand::Create(a) => lifecycle::create(a).await,
@@ -76,6 +87,8 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Trim(a) => lifecycle::trim(a).await,
         ClientCommand::Token { command } => token::run(command).await,
         ClientCommand::Node { command } => node::run(command).await,
+        ClientCommand::Group { command } => group::run(command).await,
+        ClientCommand::Consume(a) => group::consume(a).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,760 @@
+//! The consumer groups of one node: loading a group from its companion stream,
+//! claiming (long-polling for data that is not there yet), acks, nacks and the
+//! dead-letter stream.
+//!
+//! Durability: a group's events are a JSON stream `__groups/{group}/{stream}`, in
+//! the slot of its stream (`cluster::slots::placed_by`), so the member serving the
+//! stream serves the group, reads the stream locally and logs the group's events
+//! locally. Every claim, ack, nack and dead-lettering is durable there before it is
+//! answered; a snapshot every [`SNAPSHOT_EVERY`] events lets the older ones be
+//! trimmed. A crash loses nothing acknowledged: a replay gives the messages out
+//! under a lease (delivered again once it lapses) and those acked (never again).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use picomq_engine::wal::format::RECORD_BATCH_START;
+use picomq_engine::{
+    AppendRequest, ContentType, CreateRequest, Engine, EngineError, Offset, OffsetQuery, StreamName,
+};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use super::state::{Back, Event, GroupConfig, GroupState, Handed};
+use crate::error::ApiError;
+use crate::AppState;
+
+pub const STATE_PREFIX: &str = "__groups/";
+/// Events between snapshots (and trims of the events before them).
+const SNAPSHOT_EVERY: u32 = 256;
+/// Messages one claim may take, and bytes it reads at most.
+pub const CLAIM_MAX: usize = 1_000;
+const CLAIM_READ_BYTES: usize = 1 << 20;
+/// Messages out under a lease per group; a claim past it waits for acks.
+pub const OUT_MAX: usize = 100_000;
+pub const GROUP_NAME_BYTES_MAX: usize = 128;
+
+pub struct Groups {
+    engine: Engine,
+    groups: Mutex<HashMap<String, Arc<Group>>>,
+    loading: tokio::sync::Mutex<()>,
+    app: std::sync::OnceLock<Weak<AppState>>,
+}
+
+pub struct Group {
+    pub state_name: StreamName,
+    pub stream: StreamName,
+    live: tokio::sync::Mutex<Option<Live>>,
+    /// New data on the stream, or messages handed back.
+    data: Notify,
+}
+
+struct Live {
+    state: GroupState,
+    json: bool,
+    events: u32,
+    written: Offset,
+}
+
+/// A message as a claim hands it out.
+pub struct Message {
+    pub offset: u64,
+    pub end: u64,
+    pub deliveries: u32,
+    pub body: Bytes,
+}
+
+pub fn state_stream(group: &str, stream: &str) -> String {
+    format!("{STATE_PREFIX}{group}/{stream}")
+}
+
+fn json_type() -> Option<ContentType> {
+    ContentType::new("application/json", 64).expect("a short media type")
+}
+
+pub fn not_found(group: &str) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "group_not_found",
+        format!("no consumer group {group:?}"),
+    )
+}
+
+pub fn check_group_name(group: &str) -> Result<(), ApiError> {
+    let ok = !group.is_empty()
+        && group.len() <= GROUP_NAME_BYTES_MAX
+        && group
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "a group name has 1 to {GROUP_NAME_BYTES_MAX} characters of A-Z a-z 0-9 - _ ."
+        )))
+    }
+}
+
+impl Groups {
+    pub fn new(engine: Engine) -> Arc<Groups> {
+        Arc::new(Groups {
+            engine,
+            groups: Mutex::new(HashMap::new()),
+            loading: tokio::sync::Mutex::new(()),
+            app: std::sync::OnceLock::new(),
+        })
+    }
+
+    pub fn connect(&self, app: &Arc<AppState>) {
+        let _ = self.app.set(Arc::downgrade(app));
+    }
+
+    fn name(&self, s: String) -> Result<StreamName, ApiError> {
+        StreamName::new(s, self.engine.config().stream_name_bytes_max).map_err(ApiError::from)
+    }
+
+    /// A write to stream `name` was acknowledged: wake the group's waiting claims.
+    pub fn on_write(&self, name: &str) {
+        let groups = self.groups.lock().expect("groups lock");
+        if groups.is_empty() {
+            return;
+        }
+        for g in groups.values() {
+            if g.stream.as_str() == name {
+                g.data.notify_waiters();
+            }
+        }
+    }
+
+    pub fn watching(&self) -> bool {
+        !self.groups.lock().expect("groups lock").is_empty()
+    }
+
+    /// The stream of group `group`, from the metadata (every member sees it).
+    pub async fn stream_of(&self, group: &str) -> Result<Option<String>, ApiError> {
+        let prefix = format!("{STATE_PREFIX}{group}/");
+        let page = self.engine.list(&prefix, "", 1).await?;
+        Ok(page
+            .streams
+            .first()
+            .and_then(|s| s.name.strip_prefix(&prefix).map(str::to_string)))
+    }
+
+    /// Every group: `(group, stream)`, in name order, at most `limit`.
+    pub async fn list(&self, limit: usize) -> Result<Vec<(String, String)>, ApiError> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        while out.len() < limit {
+            let page = self.engine.list(STATE_PREFIX, &after, 500).await?;
+            for s in &page.streams {
+                if let Some((g, stream)) = s.name[STATE_PREFIX.len()..].split_once('/') {
+                    out.push((g.to_string(), stream.to_string()));
+                }
+            }
+            match page.next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The group, loaded from its events if this node has not loaded it.
+    pub async fn get(&self, group: &str, stream: &str) -> Result<Option<Arc<Group>>, ApiError> {
+        let key = state_stream(group, stream);
+        if let Some(g) = self.registered(&key) {
+            return Ok(Some(g));
+        }
+        let _loading = self.loading.lock().await;
+        if let Some(g) = self.registered(&key) {
+            return Ok(Some(g));
+        }
+        self.load(&key, stream).await
+    }
+
+    fn registered(&self, key: &str) -> Option<Arc<Group>> {
+        self.groups.lock().expect("groups lock").get(key).cloned()
+    }
+
+    fn forget(&self, g: &Arc<Group>) {
+        let mut groups = self.groups.lock().expect("groups lock");
+        if groups
+            .get(g.state_name.as_str())
+            .is_some_and(|x| Arc::ptr_eq(x, g))
+        {
+            groups.remove(g.state_name.as_str());
+        }
+    }
+
+    async fn load(&self, key: &str, stream: &str) -> Result<Option<Arc<Group>>, ApiError> {
+        let state_name = self.name(key.to_string())?;
+        let handle = match self.engine.stream(&state_name).await {
+            Ok(s) => s,
+            Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut from = self.engine.retained_start(&handle).await?;
+        let mut state: Option<GroupState> = None;
+        let mut events = 0u32;
+        loop {
+            let chunk = self.engine.read(&handle, from, 4 << 20).await?;
+            for seg in &chunk.segments {
+                let event: Event = serde_json::from_slice(seg).map_err(|e| {
+                    ApiError::internal(format!("group events of {key} are unreadable: {e}"))
+                })?;
+                match (&mut state, &event) {
+                    (_, Event::Snapshot(s)) => {
+                        state = Some((**s).clone());
+                        events = 0;
+                    }
+                    (Some(st), e) => {
+                        st.apply(e);
+                        events += 1;
+                    }
+                    (None, _) => {}
+                }
+            }
+            let done = chunk.up_to_date || chunk.next == from;
+            from = chunk.next;
+            if done {
+                break;
+            }
+        }
+        let Some(state) = state else { return Ok(None) };
+        let stream_name = self.name(stream.to_string())?;
+        let json = self
+            .engine
+            .head(&stream_name)
+            .await
+            .map(|i| i.content_type.starts_with("application/json"))
+            .unwrap_or(true);
+        let g = Arc::new(Group {
+            state_name,
+            stream: stream_name,
+            live: tokio::sync::Mutex::new(Some(Live {
+                state,
+                json,
+                events,
+                written: from,
+            })),
+            data: Notify::new(),
+        });
+        self.groups
+            .lock()
+            .expect("groups lock")
+            .insert(key.to_string(), g.clone());
+        Ok(Some(g))
+    }
+
+    /// Creates a group on `config.stream` starting at `from`; `false` if it
+    /// existed with the same stream (any other stream: 409).
+    pub async fn create(&self, mut config: GroupConfig, from: &str) -> Result<bool, ApiError> {
+        check_group_name(&config.group)?;
+        let _loading = self.loading.lock().await;
+        if let Some(stream) = self.stream_of(&config.group).await? {
+            if stream == config.stream {
+                return Ok(false);
+            }
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "group_exists",
+                format!("group {:?} exists on stream {stream:?}", config.group),
+            ));
+        }
+        let stream = self.name(config.stream.clone())?;
+        let data = self.engine.stream(&stream).await?;
+        let query = OffsetQuery::parse(from)
+            .map_err(|e| ApiError::bad_request(format!("--from / \"from\": {e}")))?;
+        let start = self.engine.read_start(&data, query).await?;
+        let cursor = match query {
+            OffsetQuery::At(o) if !start.past_tail => o.0,
+            _ => start.from.0,
+        };
+        config.created_at = picomq_engine::units::format_rfc3339_ms(self.engine.clock().now_ms());
+        let state = GroupState::new(config.clone(), cursor, start.from.0);
+        let key = state_stream(&config.group, &config.stream);
+        let mut create = CreateRequest::new(self.name(key)?);
+        create.content_type = json_type();
+        let (_, info) = self.engine.create(create).await?;
+        let body = serde_json::to_vec(&Event::Snapshot(Box::new(state))).expect("json");
+        self.engine
+            .append(AppendRequest::new(
+                self.name(info.name)?,
+                json_type(),
+                Bytes::from(body),
+            ))
+            .await?;
+        Ok(true)
+    }
+
+    pub async fn delete(&self, group: &str, stream: &str) -> Result<(), ApiError> {
+        let key = state_stream(group, stream);
+        if let Some(g) = self.registered(&key) {
+            *g.live.lock().await = None;
+            self.forget(&g);
+        }
+        match self.engine.delete(&self.name(key)?).await {
+            Ok(()) | Err(EngineError::NotFound | EngineError::Gone) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Appends `event` to the group's stream and applies it once durable.
+    async fn log(&self, g: &Arc<Group>, live: &mut Live, event: Event) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(&event).expect("json");
+        let req = AppendRequest::new(g.state_name.clone(), json_type(), Bytes::from(body));
+        match self.engine.append(req).await {
+            Ok(
+                picomq_engine::AppendOutcome::Appended { tail, .. }
+                | picomq_engine::AppendOutcome::Duplicate { tail, .. },
+            ) => live.written = tail,
+            Err(e) => {
+                if matches!(e, EngineError::NotOwner | EngineError::NotFound) {
+                    self.forget(g);
+                }
+                return Err(e.into());
+            }
+        }
+        live.state.apply(&event);
+        live.events += 1;
+        if live.events >= SNAPSHOT_EVERY {
+            let before = live.written;
+            let snap = Event::Snapshot(Box::new(live.state.clone()));
+            let body = serde_json::to_vec(&snap).expect("json");
+            let req = AppendRequest::new(g.state_name.clone(), json_type(), Bytes::from(body));
+            if let Ok(picomq_engine::AppendOutcome::Appended { tail, .. }) =
+                self.engine.append(req).await
+            {
+                live.written = tail;
+                live.events = 0;
+                let _ = self.engine.trim_at_boundary(&g.state_name, before).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Up to `max` messages for `consumer`, waiting up to `wait` for some.
+    pub async fn claim(
+        &self,
+        g: &Arc<Group>,
+        consumer: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Vec<Message>, u64), ApiError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = g.data.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (messages, lease_until, next_due) = self.try_claim(g, consumer, max).await?;
+            let now = tokio::time::Instant::now();
+            if !messages.is_empty() || now >= deadline {
+                return Ok((messages, lease_until));
+            }
+            let mut until = deadline;
+            if let Some(due) = next_due {
+                let wall = self.engine.clock().now_ms();
+                let due_in = Duration::from_millis(due.saturating_sub(wall) + 1);
+                until = until.min(now + due_in);
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn try_claim(
+        &self,
+        g: &Arc<Group>,
+        consumer: &str,
+        max: usize,
+    ) -> Result<(Vec<Message>, u64, Option<u64>), ApiError> {
+        let mut guard = g.live.lock().await;
+        let live = guard.as_mut().ok_or_else(|| not_found(""))?;
+        let now = self.engine.clock().now_ms();
+        live.state.lapse(now);
+        let room = OUT_MAX.saturating_sub(live.state.out.len());
+        let max = max.min(room);
+        let (again, dead) = live.state.due(now, max);
+        if !dead.is_empty() {
+            self.dead_letter(g, live, dead).await?;
+        }
+        let mut messages = Vec::new();
+        let mut handed: Vec<Handed> = Vec::new();
+        let mut gone = Vec::new();
+        for (offset, back) in again {
+            match self.read_one(g, live.json, &back, offset).await? {
+                Some(body) => {
+                    handed.push((offset, back.append, back.end, back.deliveries + 1));
+                    messages.push(Message {
+                        offset,
+                        end: back.end,
+                        deliveries: back.deliveries + 1,
+                        body,
+                    });
+                }
+                None => gone.push(offset),
+            }
+        }
+        if !gone.is_empty() {
+            // Trimmed away (retention) before it was delivered again.
+            self.log(g, live, Event::Ack { offsets: gone }).await?;
+        }
+        let (mut cursor, mut cursor_append) = (live.state.cursor, live.state.cursor_append);
+        if messages.len() < max {
+            let fresh = self
+                .read_new(
+                    g,
+                    live.json,
+                    &mut cursor,
+                    &mut cursor_append,
+                    max - messages.len(),
+                )
+                .await?;
+            for m in fresh {
+                handed.push((m.0, m.1, m.2, 1));
+                messages.push(Message {
+                    offset: m.0,
+                    end: m.2,
+                    deliveries: 1,
+                    body: m.3,
+                });
+            }
+        }
+        let lease_until = now + live.state.config.lease_ms;
+        if !handed.is_empty() || cursor != live.state.cursor {
+            let event = Event::Claim {
+                consumer: consumer.to_string(),
+                until: lease_until,
+                messages: handed,
+                cursor,
+                cursor_append,
+            };
+            self.log(g, live, event).await?;
+        }
+        Ok((messages, lease_until, live.state.next_due_ms()))
+    }
+
+    /// Messages from the cursor on: `(offset, append, end, body)`, at most `max`;
+    /// moves the cursor past them.
+    async fn read_new(
+        &self,
+        g: &Arc<Group>,
+        json: bool,
+        cursor: &mut u64,
+        cursor_append: &mut u64,
+        max: usize,
+    ) -> Result<Vec<(u64, u64, u64, Bytes)>, ApiError> {
+        let stream = self.engine.stream(&g.stream).await?;
+        let mut out = Vec::new();
+        for _ in 0..8 {
+            let chunk = match self
+                .engine
+                .read(&stream, Offset(*cursor_append), CLAIM_READ_BYTES)
+                .await
+            {
+                Ok(c) => c,
+                Err(EngineError::Trimmed { start }) => {
+                    *cursor = start.0;
+                    *cursor_append = start.0;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let from = *cursor_append;
+            let messages = split(&chunk.segments, &chunk.flags, from, json);
+            let mut took_all = true;
+            for (offset, append, end, body) in messages {
+                if offset < *cursor {
+                    continue;
+                }
+                if out.len() >= max {
+                    took_all = false;
+                    break;
+                }
+                *cursor = end;
+                *cursor_append = append;
+                out.push((offset, append, end, body));
+            }
+            if took_all && chunk.next.0 > *cursor_append {
+                // Every message of the chunk is taken: the next read starts after it.
+                *cursor_append = chunk.next.0;
+                *cursor = (*cursor).max(chunk.next.0);
+            }
+            if out.len() >= max || chunk.up_to_date || chunk.next.0 == from {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The body of the message at `offset` (in the append at `back.append`);
+    /// `None` if it was trimmed away.
+    async fn read_one(
+        &self,
+        g: &Arc<Group>,
+        json: bool,
+        back: &Back,
+        offset: u64,
+    ) -> Result<Option<Bytes>, ApiError> {
+        let stream = self.engine.stream(&g.stream).await?;
+        let chunk = match self
+            .engine
+            .read(&stream, Offset(back.append), CLAIM_READ_BYTES)
+            .await
+        {
+            Ok(c) => c,
+            Err(EngineError::Trimmed { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(split(&chunk.segments, &chunk.flags, back.append, json)
+            .into_iter()
+            .find(|m| m.0 == offset)
+            .map(|m| m.3))
+    }
+
+    /// Appends messages out of deliveries to the dead-letter stream (if the group
+    /// has one), then logs them dead.
+    async fn dead_letter(
+        &self,
+        g: &Arc<Group>,
+        live: &mut Live,
+        dead: super::state::BackList,
+    ) -> Result<(), ApiError> {
+        let mut records = Vec::with_capacity(dead.len());
+        for (offset, back) in &dead {
+            let body = self.read_one(g, live.json, back, *offset).await?;
+            records.push(dead_record(
+                &live.state.config,
+                live.json,
+                *offset,
+                back.deliveries,
+                body,
+            ));
+        }
+        if let Some(dlq) = live.state.config.dead_letter.clone() {
+            let body = Bytes::from(Value::Array(records).to_string());
+            self.append_dead(&dlq, body).await?;
+        }
+        let offsets = dead.into_iter().map(|(o, _)| o).collect();
+        self.log(g, live, Event::Dead { offsets }).await
+    }
+
+    /// Appends to the dead-letter stream (created as a JSON stream if it is not
+    /// there), here or at the member serving it.
+    async fn append_dead(&self, name: &str, body: Bytes) -> Result<(), ApiError> {
+        let stream = self.name(name.to_string())?;
+        let mut create = CreateRequest::new(stream.clone());
+        create.content_type = json_type();
+        let local = match self.engine.create(create).await {
+            Ok(_) => true,
+            Err(EngineError::NotOwner) => false,
+            Err(EngineError::Conflict(_)) => true,
+            Err(e) => return Err(e.into()),
+        };
+        if local {
+            self.engine
+                .append(AppendRequest::new(stream, json_type(), body))
+                .await?;
+            if let Some(app) = self.app.get().and_then(Weak::upgrade) {
+                app.written(name);
+            }
+            return Ok(());
+        }
+        let app = self
+            .app
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| ApiError::from(EngineError::NotOwner))?;
+        crate::cluster::append_at_owner(&app, name, body).await
+    }
+
+    /// Acks `offsets`; returns how many were out or handed back.
+    pub async fn ack(&self, g: &Arc<Group>, offsets: Vec<u64>) -> Result<usize, ApiError> {
+        let mut guard = g.live.lock().await;
+        let live = guard.as_mut().ok_or_else(|| not_found(""))?;
+        let known: Vec<u64> = offsets
+            .into_iter()
+            .filter(|o| live.state.out.contains_key(o) || live.state.back.contains_key(o))
+            .collect();
+        let n = known.len();
+        if n > 0 {
+            self.log(g, live, Event::Ack { offsets: known }).await?;
+        }
+        Ok(n)
+    }
+
+    /// Hands `offsets` back, to be delivered again after `delay` (or
+    /// dead-lettered if they are out of deliveries); returns how many were out.
+    pub async fn nack(
+        &self,
+        g: &Arc<Group>,
+        offsets: Vec<u64>,
+        delay: Duration,
+    ) -> Result<usize, ApiError> {
+        let mut guard = g.live.lock().await;
+        let live = guard.as_mut().ok_or_else(|| not_found(""))?;
+        let mut back = Vec::new();
+        let mut dead = Vec::new();
+        for o in offsets {
+            if let Some(out) = live.state.out.get(&o) {
+                let b = Back {
+                    deliveries: out.deliveries,
+                    not_before_ms: 0,
+                    append: out.append,
+                    end: out.end,
+                };
+                if live.state.exhausted(out.deliveries) {
+                    dead.push((o, b));
+                } else {
+                    back.push(o);
+                }
+            }
+        }
+        let n = back.len() + dead.len();
+        if !back.is_empty() {
+            let not_before = self.engine.clock().now_ms() + delay.as_millis() as u64;
+            let event = Event::Nack {
+                offsets: back,
+                not_before,
+            };
+            self.log(g, live, event).await?;
+        }
+        if !dead.is_empty() {
+            self.dead_letter(g, live, dead).await?;
+        }
+        drop(guard);
+        g.data.notify_waiters();
+        Ok(n)
+    }
+
+    /// The group's configuration and counts.
+    pub async fn describe(&self, g: &Arc<Group>) -> Result<Value, ApiError> {
+        let tail = self.engine.head(&g.stream).await.map(|i| i.tail.0).ok();
+        let mut guard = g.live.lock().await;
+        let live = guard.as_mut().ok_or_else(|| not_found(""))?;
+        live.state.lapse(self.engine.clock().now_ms());
+        let s = &live.state;
+        Ok(json!({
+            "group": s.config.group,
+            "stream": s.config.stream,
+            "maxDeliveries": s.config.max_deliveries,
+            "deadLetter": s.config.dead_letter,
+            "leaseMs": s.config.lease_ms,
+            "createdAt": s.config.created_at,
+            "cursor": Offset(s.cursor).to_string(),
+            "lagBytes": tail.map(|t| t.saturating_sub(s.cursor)),
+            "pending": s.back.len(),
+            "inFlight": s.out.len(),
+            "acked": s.acked_total,
+            "redeliveries": s.redeliveries_total,
+            "deadLettered": s.dead_lettered_total,
+        }))
+    }
+
+    /// Per-group gauges for `/metrics`, of the groups this node has loaded.
+    pub async fn export(&self, out: &mut picomq_engine::metrics::Exposition) {
+        let groups: Vec<Arc<Group>> = self
+            .groups
+            .lock()
+            .expect("groups lock")
+            .values()
+            .cloned()
+            .collect();
+        for g in groups {
+            let Ok(v) = self.describe(&g).await else {
+                continue;
+            };
+            let group = v["group"].as_str().unwrap_or("").to_string();
+            let labels = [("group", group.as_str())];
+            let num = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            out.value(&super::PENDING, &labels, num("pending"));
+            out.value(&super::IN_FLIGHT, &labels, num("inFlight"));
+            out.value(&super::LAG, &labels, num("lagBytes"));
+            out.value(&super::ACKED, &labels, num("acked"));
+            out.value(&super::REDELIVERIES, &labels, num("redeliveries"));
+            out.value(&super::DEAD_LETTERED, &labels, num("deadLettered"));
+        }
+    }
+}
+
+/// A message as the dead-letter stream records it.
+fn dead_record(
+    config: &GroupConfig,
+    json: bool,
+    offset: u64,
+    deliveries: u32,
+    body: Option<Bytes>,
+) -> Value {
+    let mut r = json!({
+        "group": config.group,
+        "stream": config.stream,
+        "offset": Offset(offset).to_string(),
+        "deliveries": deliveries,
+    });
+    match body {
+        Some(b) if json => {
+            r["body"] = serde_json::from_slice(&b).unwrap_or(Value::Null);
+        }
+        Some(b) => {
+            r["bodyBase64"] = Value::String(base64::engine::general_purpose::STANDARD.encode(&b));
+        }
+        None => {}
+    }
+    r
+}
+
+/// A read's segments as messages `(offset, append, end, body)`: a JSON stream's
+/// messages one by one, any other stream's appends whole.
+pub fn split(
+    segments: &[Bytes],
+    flags: &[u8],
+    from: u64,
+    json: bool,
+) -> Vec<(u64, u64, u64, Bytes)> {
+    let mut out: Vec<(u64, u64, u64, Bytes)> = Vec::with_capacity(segments.len());
+    let mut pos = from;
+    let mut append = from;
+    for (i, seg) in segments.iter().enumerate() {
+        let starts = flags.get(i).is_some_and(|f| f & RECORD_BATCH_START != 0) || i == 0;
+        if starts {
+            append = pos;
+        }
+        let end = pos + seg.len() as u64;
+        if json || starts || out.is_empty() {
+            out.push((pos, append, end, seg.clone()));
+        } else {
+            let last = out.last_mut().expect("not empty");
+            let mut joined = Vec::with_capacity(last.3.len() + seg.len());
+            joined.extend_from_slice(&last.3);
+            joined.extend_from_slice(seg);
+            last.3 = Bytes::from(joined);
+            last.2 = end;
+        }
+        pos = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_messages_split_one_by_one_and_byte_appends_stay_whole() {
+        let segs = [Bytes::from("{}"), Bytes::from("[1]"), Bytes::from("7")];
+        let flags = [RECORD_BATCH_START, 0, RECORD_BATCH_START];
+        let m = split(&segs, &flags, 100, true);
+        let at: Vec<(u64, u64, u64)> = m.iter().map(|x| (x.0, x.1, x.2)).collect();
+        assert_eq!(at, [(100, 100, 102), (102, 100, 105), (105, 105, 106)]);
+        let m = split(&segs, &flags, 100, false);
+        assert_eq!(m.len(), 2);
+        assert_eq!(&m[0].3[..], b"{}[1]");
+        assert_eq!((m[1].0, m[1].2), (105, 106));
+    }
+}
