@@ -288,6 +288,8 @@ impl Groups {
                 Bytes::from(body),
             ))
             .await?;
+        // Listed (indexed) before it is answered: every member finds the group.
+        self.stream_of(&config.group).await?;
         Ok(true)
     }
 

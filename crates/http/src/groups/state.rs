@@ -46,7 +46,9 @@ pub struct GroupState {
     /// The next message never handed out, and the append it is in.
     pub cursor: u64,
     pub cursor_append: u64,
+    #[serde(with = "pairs")]
     pub out: BTreeMap<u64, Out>,
+    #[serde(with = "pairs")]
     pub back: BTreeMap<u64, Back>,
     pub acked_total: u64,
     pub redeliveries_total: u64,
@@ -226,6 +228,27 @@ impl GroupState {
     }
 }
 
+/// Maps keyed by offset as `[[offset, value], ...]`: JSON object keys are
+/// strings, which an internally tagged [`Event`] cannot read back as numbers.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<V: Serialize, S: Serializer>(
+        map: &BTreeMap<u64, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, V: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<u64, V>, D::Error> {
+        Ok(Vec::<(u64, V)>::deserialize(d)?.into_iter().collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +329,16 @@ mod tests {
 
     #[test]
     fn events_round_trip_as_json() {
+        let mut g = group(3);
+        g.apply(&claim("a", 1, vec![(7, 0, 9, 1)], 9));
+        g.apply(&Event::Nack {
+            offsets: vec![7],
+            not_before: 5,
+        });
+        g.apply(&claim("b", 1, vec![(9, 9, 12, 1)], 12));
+        let snap = Event::Snapshot(Box::new(g));
+        let text = serde_json::to_string(&snap).unwrap();
+        assert_eq!(serde_json::from_str::<Event>(&text).unwrap(), snap);
         let e = claim("a", 1, vec![(1, 0, 2, 1)], 2);
         let text = serde_json::to_string(&e).unwrap();
         assert!(text.starts_with(r#"{"t":"claim""#), "{text}");
