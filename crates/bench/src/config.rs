@@ -37,6 +37,11 @@ pub enum TableCommand {
         #[arg(required = true)]
         reports: Vec<PathBuf>,
     },
+    /// Consumer groups: messages/s acknowledged by N consumers, and append-to-claim
+    /// latency; with --redis, Redis Streams consumer groups side by side.
+    Groups(crate::consumers::GroupsArgs),
+    /// Webhook deliveries per second of Durable Streams subscriptions.
+    Webhooks(crate::consumers::WebhooksArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

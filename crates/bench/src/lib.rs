@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod consumers;
 pub mod driver;
 pub mod h1;
 pub mod h2c;
@@ -23,6 +24,7 @@ pub mod payload;
 pub mod proc;
 pub mod progress;
 pub mod report;
+pub mod resp;
 pub mod scale;
 pub mod server_metrics;
 pub mod stats;
@@ -50,6 +52,8 @@ pub enum BenchError {
 /// Runs the benchmark (or prints a table) as the `picomq bench` command.
 pub async fn run(args: BenchArgs) -> ExitCode {
     let result = match args.table {
+        Some(TableCommand::Groups(a)) => consumers::run_groups(a).await.map(|()| true),
+        Some(TableCommand::Webhooks(a)) => consumers::run_webhooks(a).await.map(|()| true),
         Some(table) => print_table(table),
         None => match Workload::from_args(&args.run) {
             Ok(w) => run_workload(w)
@@ -135,6 +139,9 @@ fn print_table(table: TableCommand) -> Result<bool, BenchError> {
     match table {
         TableCommand::Compare { reports } => print!("{}", report::compare_table(&load(&reports)?)),
         TableCommand::Curve { reports } => print!("{}", report::curve_table(&load(&reports)?)),
+        TableCommand::Groups(_) | TableCommand::Webhooks(_) => {
+            unreachable!("run, not tables")
+        }
     }
     Ok(true)
 }

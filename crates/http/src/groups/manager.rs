@@ -11,6 +11,7 @@
 //! under a lease (delivered again once it lapses) and those acked (never again).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -40,6 +41,9 @@ pub const GROUP_NAME_BYTES_MAX: usize = 128;
 pub struct Groups {
     engine: Engine,
     groups: Mutex<HashMap<String, Arc<Group>>>,
+    /// Group name -> its stream: a group never changes stream, so a lookup (a
+    /// metadata listing, which waits for the index) is paid once per group.
+    streams: Mutex<HashMap<String, String>>,
     loading: tokio::sync::Mutex<()>,
     app: std::sync::OnceLock<Weak<AppState>>,
 }
@@ -50,13 +54,39 @@ pub struct Group {
     live: tokio::sync::Mutex<Option<Live>>,
     /// New data on the stream, or messages handed back.
     data: Notify,
+    /// Events applied in memory, in order, waiting to be written.
+    queue: Mutex<Vec<Queued>>,
+    /// One writer at a time takes the whole queue (group commit per group).
+    writer: tokio::sync::Mutex<()>,
+    /// A write failed: memory is ahead of the log; the group must be loaded again.
+    broken: std::sync::atomic::AtomicBool,
 }
+
+/// An event's JSON, and who waits for it to be durable (a snapshot: nobody).
+struct Queued {
+    json: Bytes,
+    snapshot: bool,
+    done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+}
+
+/// Durable once resolved.
+type Written = tokio::sync::oneshot::Receiver<Result<(), String>>;
 
 struct Live {
     state: GroupState,
     json: bool,
     events: u32,
-    written: Offset,
+    /// Messages read past the cursor, not handed out yet.
+    ahead: std::collections::VecDeque<Ahead>,
+}
+
+struct Ahead {
+    offset: u64,
+    append: u64,
+    end: u64,
+    /// The append the cursor is in once this message is taken.
+    next_append: u64,
+    body: Bytes,
 }
 
 /// A message as a claim hands it out.
@@ -103,6 +133,7 @@ impl Groups {
         Arc::new(Groups {
             engine,
             groups: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
             loading: tokio::sync::Mutex::new(()),
             app: std::sync::OnceLock::new(),
         })
@@ -135,12 +166,29 @@ impl Groups {
 
     /// The stream of group `group`, from the metadata (every member sees it).
     pub async fn stream_of(&self, group: &str) -> Result<Option<String>, ApiError> {
+        if let Some(s) = self.streams.lock().expect("group streams").get(group) {
+            return Ok(Some(s.clone()));
+        }
         let prefix = format!("{STATE_PREFIX}{group}/");
         let page = self.engine.list(&prefix, "", 1).await?;
-        Ok(page
+        let stream = page
             .streams
             .first()
-            .and_then(|s| s.name.strip_prefix(&prefix).map(str::to_string)))
+            .and_then(|s| s.name.strip_prefix(&prefix).map(str::to_string));
+        if let Some(s) = &stream {
+            let mut streams = self.streams.lock().expect("group streams");
+            if streams.len() >= 100_000 {
+                streams.clear();
+            }
+            streams.insert(group.to_string(), s.clone());
+        }
+        Ok(stream)
+    }
+
+    /// Forgets what this node knew of `group`'s stream (it was deleted, here or
+    /// on another member).
+    pub fn forget_stream(&self, group: &str) {
+        self.streams.lock().expect("group streams").remove(group);
     }
 
     /// Every group: `(group, stream)`, in name order, at most `limit`.
@@ -239,9 +287,12 @@ impl Groups {
                 state,
                 json,
                 events,
-                written: from,
+                ahead: Default::default(),
             })),
             data: Notify::new(),
+            queue: Mutex::new(Vec::new()),
+            writer: tokio::sync::Mutex::new(()),
+            broken: std::sync::atomic::AtomicBool::new(false),
         });
         self.groups
             .lock()
@@ -294,6 +345,7 @@ impl Groups {
     }
 
     pub async fn delete(&self, group: &str, stream: &str) -> Result<(), ApiError> {
+        self.forget_stream(group);
         let key = state_stream(group, stream);
         if let Some(g) = self.registered(&key) {
             *g.live.lock().await = None;
@@ -305,36 +357,127 @@ impl Groups {
         }
     }
 
-    /// Appends `event` to the group's stream and applies it once durable.
-    async fn log(&self, g: &Arc<Group>, live: &mut Live, event: Event) -> Result<(), ApiError> {
-        let body = serde_json::to_vec(&event).expect("json");
+    /// Applies `event` and queues it for the log, in the order of application;
+    /// the caller lets go of the group's lock, then waits with [`Groups::flush`].
+    /// Events of many requests go out as one append: claims and acks of a busy
+    /// group cost one WAL commit per flush, not one each. The order in the log is
+    /// the order in memory, so a replay (from any snapshot) rebuilds the same state.
+    fn log(&self, g: &Group, live: &mut Live, event: Event) -> Written {
+        live.state.apply(&event);
+        live.events += 1;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut queue = g.queue.lock().expect("group queue");
+        queue.push(Queued {
+            json: Bytes::from(serde_json::to_vec(&event).expect("json")),
+            snapshot: false,
+            done: Some(tx),
+        });
+        if live.events >= SNAPSHOT_EVERY {
+            live.events = 0;
+            let snap = Event::Snapshot(Box::new(live.state.clone()));
+            queue.push(Queued {
+                json: Bytes::from(serde_json::to_vec(&snap).expect("json")),
+                snapshot: true,
+                done: None,
+            });
+        }
+        rx
+    }
+
+    /// Waits until the events behind `written` are durable, writing the queue if
+    /// no other request is writing it.
+    async fn flush(&self, g: &Arc<Group>, written: Vec<Written>) -> Result<(), ApiError> {
+        for mut rx in written {
+            loop {
+                if let Ok(r) = rx.try_recv() {
+                    r.map_err(|e| ApiError::from(EngineError::Unavailable(e)))?;
+                    break;
+                }
+                let _writer = g.writer.lock().await;
+                if let Ok(r) = rx.try_recv() {
+                    r.map_err(|e| ApiError::from(EngineError::Unavailable(e)))?;
+                    break;
+                }
+                let batch = std::mem::take(&mut *g.queue.lock().expect("group queue"));
+                self.write_batch(g, batch).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes queued events: runs of events as one append each, a snapshot alone
+    /// (and the log trimmed to it).
+    async fn write_batch(&self, g: &Arc<Group>, batch: Vec<Queued>) {
+        let mut run: Vec<Queued> = Vec::new();
+        let mut failed: Option<String> = None;
+        for q in batch.into_iter().chain(std::iter::once(Queued {
+            json: Bytes::new(),
+            snapshot: true,
+            done: None,
+        })) {
+            if !q.snapshot {
+                run.push(q);
+                continue;
+            }
+            if !run.is_empty() {
+                let r = match &failed {
+                    Some(e) => Err(e.clone()),
+                    None => self.append_events(g, &run).await.map(|_| ()),
+                };
+                if let Err(e) = &r {
+                    failed = Some(e.clone());
+                }
+                for q in run.drain(..) {
+                    if let Some(tx) = q.done {
+                        let _ = tx.send(r.clone());
+                    }
+                }
+            }
+            if !q.json.is_empty() && failed.is_none() {
+                match self.append_events(g, std::slice::from_ref(&q)).await {
+                    Ok(start) => {
+                        let _ = self.engine.trim_at_boundary(&g.state_name, start).await;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        if let Some(e) = failed {
+            tracing::warn!(group = %g.state_name, error = %e, "a consumer group's events could not be written; it will be loaded again");
+            g.broken.store(true, Ordering::SeqCst);
+            self.forget(g);
+        }
+    }
+
+    /// Appends events as one JSON array; returns where the append starts.
+    async fn append_events(&self, g: &Group, events: &[Queued]) -> Result<Offset, String> {
+        let mut body =
+            Vec::with_capacity(events.iter().map(|q| q.json.len() + 1).sum::<usize>() + 2);
+        body.push(b'[');
+        for (i, q) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(&q.json);
+        }
+        body.push(b']');
+        let len = (body.len() - 2 - events.len().saturating_sub(1)) as u64;
         let req = AppendRequest::new(g.state_name.clone(), json_type(), Bytes::from(body));
         match self.engine.append(req).await {
             Ok(
                 picomq_engine::AppendOutcome::Appended { tail, .. }
                 | picomq_engine::AppendOutcome::Duplicate { tail, .. },
-            ) => live.written = tail,
-            Err(e) => {
-                if matches!(e, EngineError::NotOwner | EngineError::NotFound) {
-                    self.forget(g);
-                }
-                return Err(e.into());
-            }
+            ) => Ok(Offset(tail.0.saturating_sub(len))),
+            Err(e) => Err(e.to_string()),
         }
-        live.state.apply(&event);
-        live.events += 1;
-        if live.events >= SNAPSHOT_EVERY {
-            let before = live.written;
-            let snap = Event::Snapshot(Box::new(live.state.clone()));
-            let body = serde_json::to_vec(&snap).expect("json");
-            let req = AppendRequest::new(g.state_name.clone(), json_type(), Bytes::from(body));
-            if let Ok(picomq_engine::AppendOutcome::Appended { tail, .. }) =
-                self.engine.append(req).await
-            {
-                live.written = tail;
-                live.events = 0;
-                let _ = self.engine.trim_at_boundary(&g.state_name, before).await;
-            }
+    }
+
+    fn check(g: &Group) -> Result<(), ApiError> {
+        if g.broken.load(Ordering::SeqCst) {
+            return Err(EngineError::Unavailable(
+                "this consumer group is being loaded again after a failed write; retry".into(),
+            )
+            .into());
         }
         Ok(())
     }
@@ -376,6 +519,8 @@ impl Groups {
         consumer: &str,
         max: usize,
     ) -> Result<(Vec<Message>, u64, Option<u64>), ApiError> {
+        Self::check(g)?;
+        let mut written = Vec::new();
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;
         let now = self.engine.clock().now_ms();
@@ -384,7 +529,7 @@ impl Groups {
         let max = max.min(room);
         let (again, dead) = live.state.due(now, max);
         if !dead.is_empty() {
-            self.dead_letter(g, live, dead).await?;
+            written.push(self.dead_letter(g, live, dead).await?);
         }
         let mut messages = Vec::new();
         let mut handed: Vec<Handed> = Vec::new();
@@ -405,14 +550,14 @@ impl Groups {
         }
         if !gone.is_empty() {
             // Trimmed away (retention) before it was delivered again.
-            self.log(g, live, Event::Ack { offsets: gone }).await?;
+            written.push(self.log(g, live, Event::Ack { offsets: gone }));
         }
         let (mut cursor, mut cursor_append) = (live.state.cursor, live.state.cursor_append);
         if messages.len() < max {
             let fresh = self
                 .read_new(
                     g,
-                    live.json,
+                    live,
                     &mut cursor,
                     &mut cursor_append,
                     max - messages.len(),
@@ -437,27 +582,47 @@ impl Groups {
                 cursor,
                 cursor_append,
             };
-            self.log(g, live, event).await?;
+            written.push(self.log(g, live, event));
         }
-        Ok((messages, lease_until, live.state.next_due_ms()))
+        let next_due = live.state.next_due_ms();
+        drop(guard);
+        self.flush(g, written).await?;
+        Ok((messages, lease_until, next_due))
     }
 
     /// Messages from the cursor on: `(offset, append, end, body)`, at most `max`;
-    /// moves the cursor past them.
+    /// moves the cursor past them. Served from the group's read-ahead (one read
+    /// of up to [`CLAIM_READ_BYTES`] serves many claims: a cold read decodes whole
+    /// chunks, which must not be paid per claim of a few messages).
     async fn read_new(
         &self,
         g: &Arc<Group>,
-        json: bool,
+        live: &mut Live,
         cursor: &mut u64,
         cursor_append: &mut u64,
         max: usize,
     ) -> Result<Vec<(u64, u64, u64, Bytes)>, ApiError> {
-        let stream = self.engine.stream(&g.stream).await?;
         let mut out = Vec::new();
         for _ in 0..8 {
+            while out.len() < max {
+                let Some(m) = live.ahead.pop_front() else {
+                    break;
+                };
+                if m.offset < *cursor {
+                    continue;
+                }
+                *cursor = m.end;
+                *cursor_append = m.next_append;
+                out.push((m.offset, m.append, m.end, m.body));
+            }
+            if out.len() >= max {
+                break;
+            }
+            let stream = self.engine.stream(&g.stream).await?;
+            let from = *cursor_append;
             let chunk = match self
                 .engine
-                .read(&stream, Offset(*cursor_append), CLAIM_READ_BYTES)
+                .read(&stream, Offset(from), CLAIM_READ_BYTES)
                 .await
             {
                 Ok(c) => c,
@@ -468,27 +633,27 @@ impl Groups {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let from = *cursor_append;
-            let messages = split(&chunk.segments, &chunk.flags, from, json);
-            let mut took_all = true;
-            for (offset, append, end, body) in messages {
-                if offset < *cursor {
-                    continue;
-                }
-                if out.len() >= max {
-                    took_all = false;
-                    break;
-                }
-                *cursor = end;
-                *cursor_append = append;
-                out.push((offset, append, end, body));
+            let messages = split(&chunk.segments, &chunk.flags, from, live.json);
+            let n = messages.len();
+            let appends: Vec<u64> = messages.iter().map(|m| m.1).collect();
+            for (i, (offset, append, end, body)) in messages.into_iter().enumerate() {
+                let next_append = if i + 1 < n && appends[i + 1] == append {
+                    append
+                } else {
+                    end
+                };
+                live.ahead.push_back(Ahead {
+                    offset,
+                    append,
+                    end,
+                    next_append,
+                    body,
+                });
             }
-            if took_all && chunk.next.0 > *cursor_append {
-                // Every message of the chunk is taken: the next read starts after it.
-                *cursor_append = chunk.next.0;
-                *cursor = (*cursor).max(chunk.next.0);
-            }
-            if out.len() >= max || chunk.up_to_date || chunk.next.0 == from {
+            if live.ahead.is_empty()
+                || (chunk.up_to_date && live.ahead.iter().all(|m| m.offset < *cursor))
+            {
+                live.ahead.clear();
                 break;
             }
         }
@@ -527,7 +692,7 @@ impl Groups {
         g: &Arc<Group>,
         live: &mut Live,
         dead: super::state::BackList,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Written, ApiError> {
         let mut records = Vec::with_capacity(dead.len());
         for (offset, back) in &dead {
             let body = self.read_one(g, live.json, back, *offset).await?;
@@ -544,7 +709,7 @@ impl Groups {
             self.append_dead(&dlq, body).await?;
         }
         let offsets = dead.into_iter().map(|(o, _)| o).collect();
-        self.log(g, live, Event::Dead { offsets }).await
+        Ok(self.log(g, live, Event::Dead { offsets }))
     }
 
     /// Appends to the dead-letter stream (created as a JSON stream if it is not
@@ -578,6 +743,7 @@ impl Groups {
 
     /// Acks `offsets`; returns how many were out or handed back.
     pub async fn ack(&self, g: &Arc<Group>, offsets: Vec<u64>) -> Result<usize, ApiError> {
+        Self::check(g)?;
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;
         let known: Vec<u64> = offsets
@@ -586,7 +752,9 @@ impl Groups {
             .collect();
         let n = known.len();
         if n > 0 {
-            self.log(g, live, Event::Ack { offsets: known }).await?;
+            let written = self.log(g, live, Event::Ack { offsets: known });
+            drop(guard);
+            self.flush(g, vec![written]).await?;
         }
         Ok(n)
     }
@@ -599,6 +767,8 @@ impl Groups {
         offsets: Vec<u64>,
         delay: Duration,
     ) -> Result<usize, ApiError> {
+        Self::check(g)?;
+        let mut written = Vec::new();
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;
         let mut back = Vec::new();
@@ -625,12 +795,13 @@ impl Groups {
                 offsets: back,
                 not_before,
             };
-            self.log(g, live, event).await?;
+            written.push(self.log(g, live, event));
         }
         if !dead.is_empty() {
-            self.dead_letter(g, live, dead).await?;
+            written.push(self.dead_letter(g, live, dead).await?);
         }
         drop(guard);
+        self.flush(g, written).await?;
         g.data.notify_waiters();
         Ok(n)
     }

@@ -321,10 +321,13 @@ async fn group_of(
     group: &str,
     stream: &str,
 ) -> Result<Arc<manager::Group>, ApiError> {
-    app.groups
-        .get(group, stream)
-        .await?
-        .ok_or_else(|| manager::not_found(group))
+    match app.groups.get(group, stream).await? {
+        Some(g) => Ok(g),
+        None => {
+            app.groups.forget_stream(group);
+            Err(manager::not_found(group))
+        }
+    }
 }
 
 fn message_json(m: manager::Message, json_stream: bool) -> Value {

@@ -351,6 +351,16 @@ impl Subscriptions {
     /// The tail of stream `name`, from the metadata (every member of a cluster
     /// sees every stream's), `None` if it does not exist.
     async fn tail_of(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        if self.serves(name) {
+            // Served here: the exact durable tail, without waiting for the index.
+            let max = self.engine.config().stream_name_bytes_max;
+            let stream = StreamName::new(name.to_string(), max).map_err(ApiError::from)?;
+            return match self.engine.head(&stream).await {
+                Ok(info) => Ok(Some(info.tail.0)),
+                Err(EngineError::NotFound | EngineError::Gone) => Ok(None),
+                Err(e) => Err(e.into()),
+            };
+        }
         let page = self.engine.list(name, "", 1).await?;
         Ok(page
             .streams
