@@ -285,6 +285,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
         .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
         .route(groups::PATH, get(groups::list))
+        .route(subscriptions::ROTATE_PATH, post(subscriptions::rotate))
         .route(groups::ITEM_PATH, any(groups::handle))
         .route(positions::PATH, any(positions::handle))
         .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))

@@ -104,6 +104,16 @@ pub struct SecurityArgs {
     /// Concurrent live readers (long-poll and SSE) with one token.
     #[arg(long, env = "PICOMQ_MAX_LIVE_READERS_PER_TOKEN", default_value_t = defaults().http.live_readers_per_token_max)]
     pub max_live_readers_per_token: usize,
+    /// Where clients reach this server (e.g. https://streams.example.com), for the
+    /// callback and JWKS URLs subscription bodies carry [default: from each request's
+    /// Host and X-Forwarded-Host].
+    #[arg(long, env = "PICOMQ_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Deliver webhooks to private, loopback and link-local addresses too (receivers
+    /// inside your own network) [default: off: https:// to public addresses, and
+    /// http:// only to localhost].
+    #[arg(long, env = "PICOMQ_WEBHOOK_ALLOW_PRIVATE")]
+    pub webhook_allow_private: bool,
     /// Streams a namespaced token may have under its namespace [default: unlimited].
     #[arg(long, env = "PICOMQ_MAX_STREAMS_PER_NAMESPACE")]
     pub max_streams_per_namespace: Option<u64>,
@@ -291,6 +301,15 @@ impl SecurityArgs {
         http.rate_limit_token = self.rate_limit_token.map(|r| (r, burst(r)));
         http.live_readers_per_stream_max = self.max_live_readers_per_stream;
         http.live_readers_per_token_max = self.max_live_readers_per_token;
+        if let Some(url) = &self.public_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "--public-url {url:?}: use an http:// or https:// URL"
+                ));
+            }
+        }
+        http.public_url = self.public_url.clone();
+        http.subscriptions.webhook_allow_private = self.webhook_allow_private;
         config.auth_limits.tokens_max = self.max_tokens;
         config.auth_limits.read_token_ttl_max = self.read_token_max_ttl.0;
         config.auth_limits.streams_per_namespace_max = self.max_streams_per_namespace;

@@ -438,6 +438,25 @@ async fn describe(app: &AppState, sub: &Arc<manager::Sub>) -> Result<Value, ApiE
         .await
 }
 
+/// `POST /__picomq/webhook-keys/rotate` (the admin scope): a new signing key
+/// becomes the active one; every earlier key stays in the JWK Set.
+pub const ROTATE_PATH: &str = "/__picomq/webhook-keys/rotate";
+
+pub async fn rotate(
+    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
+    principal: Option<axum::Extension<Principal>>,
+) -> Result<Response<Body>, ApiError> {
+    if let Some(auth) = &app.auth {
+        auth.require_op(principal.as_deref(), Op::Admin)?;
+    }
+    let kid = app.subscriptions.signer.rotate(&app.engine).await?;
+    let jwks = app.subscriptions.signer.jwks(&app.engine).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "active": kid, "keys": jwks["keys"] }),
+    ))
+}
+
 fn wrong_kind(kind: &str, what: &str) -> ApiError {
     ApiError::bad_request(format!("{what} is for {kind} subscriptions"))
         .with_code("INVALID_REQUEST")

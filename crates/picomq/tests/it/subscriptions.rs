@@ -328,6 +328,30 @@ async fn bad_subscription_requests_are_refused_with_a_reason() {
     // The reserved prefix is not a stream anyone can create.
     let r = c.put("/v1/__ds/mine", &JSON, "[]").await.unwrap();
     assert_eq!(r.status.as_u16(), 404);
+
+    // A rotation makes a new key active and keeps the old one published.
+    let before = get_json(c, "/v1/__ds/jwks.json").await;
+    assert_eq!(before["keys"].as_array().unwrap().len(), 1);
+    let r = c
+        .post("/__picomq/webhook-keys/rotate", &JSON, "")
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let after = get_json(c, "/v1/__ds/jwks.json").await;
+    let kids: Vec<&str> = after["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap())
+        .collect();
+    assert_eq!(kids.len(), 2);
+    assert_eq!(kids[0], before["keys"][0]["kid"].as_str().unwrap());
+    let sub = get_json(c, "/v1/__ds/subscriptions/s").await;
+    assert_eq!(
+        sub["webhook"],
+        Value::Null,
+        "a pull-wake subscription has no webhook"
+    );
 }
 
 /// With `--auth required`: managing subscriptions needs `subscribe`, claiming
