@@ -102,7 +102,9 @@ async fn list_page(
     let next = page.next.as_deref().map(shown);
     let mut streams = Vec::with_capacity(page.streams.len());
     for info in page.streams {
-        if viewer.is_some_and(|t| !t.allows(Op::Read, &info.name)) {
+        // The server's own streams (consumer state: `__subscriptions/`, `__groups/`,
+        // `__positions/`) are reached through their APIs only.
+        if info.name.starts_with("__") || viewer.is_some_and(|t| !t.allows(Op::Read, &info.name)) {
             continue;
         }
         streams.push(json!({

@@ -16,7 +16,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
 pub use object_store::path::Path as ObjectPath;
-pub use object_store::{ObjectStore, ObjectStoreExt};
+pub use object_store::{Error as ObjectStoreError, ObjectStore, ObjectStoreExt};
 
 use crate::error::{EngineError, Result};
 

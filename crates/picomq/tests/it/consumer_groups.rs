@@ -301,6 +301,16 @@ async fn leases_nacks_long_polls_and_positions() {
         .await
         .unwrap();
     assert_eq!(r.status.as_u16(), 200, "same group again: {}", r.text());
+    // The group's own stream is not in the listing.
+    let r = c.get("/__picomq/streams").await.unwrap();
+    let listed: Value = serde_json::from_slice(&r.body).unwrap();
+    let names: Vec<&str> = listed["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["q"], "{listed}");
     let other = json!({"stream": "other"});
     let r = c
         .put("/__picomq/groups/rules", &JSON, other.to_string())
