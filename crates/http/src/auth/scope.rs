@@ -270,7 +270,8 @@ pub struct Scope {
 
 impl Scope {
     /// `OPS:PATTERN`, OPS a comma-separated list of create, append, read, delete,
-    /// admin, tokens, subscribe, claim, or `all`. `PATTERN` defaults to `**` when `:PATTERN` is left out.
+    /// admin, tokens, subscribe, claim, or `all`. `PATTERN` defaults to `**` when
+    /// `:PATTERN` is left out.
     pub fn parse(text: &str) -> Result<Scope, String> {
         let text = text.trim();
         let (ops_text, pattern_text) = text.split_once(':').unwrap_or((text, "**"));
