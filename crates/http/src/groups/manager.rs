@@ -44,6 +44,8 @@ pub struct Groups {
     /// Group name -> its stream: a group never changes stream, so a lookup (a
     /// metadata listing, which waits for the index) is paid once per group.
     streams: Mutex<HashMap<String, String>>,
+    /// Whether any group is loaded: the only thing an append looks at while none is.
+    any: std::sync::atomic::AtomicBool,
     loading: tokio::sync::Mutex<()>,
     app: std::sync::OnceLock<Weak<AppState>>,
 }
@@ -134,6 +136,7 @@ impl Groups {
             engine,
             groups: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
+            any: std::sync::atomic::AtomicBool::new(false),
             loading: tokio::sync::Mutex::new(()),
             app: std::sync::OnceLock::new(),
         })
@@ -149,10 +152,10 @@ impl Groups {
 
     /// A write to stream `name` was acknowledged: wake the group's waiting claims.
     pub fn on_write(&self, name: &str) {
-        let groups = self.groups.lock().expect("groups lock");
-        if groups.is_empty() {
+        if !self.watching() {
             return;
         }
+        let groups = self.groups.lock().expect("groups lock");
         for g in groups.values() {
             if g.stream.as_str() == name {
                 g.data.notify_waiters();
@@ -161,7 +164,7 @@ impl Groups {
     }
 
     pub fn watching(&self) -> bool {
-        !self.groups.lock().expect("groups lock").is_empty()
+        self.any.load(Ordering::Relaxed)
     }
 
     /// The stream of group `group`, from the metadata (every member sees it).
@@ -236,6 +239,7 @@ impl Groups {
         {
             groups.remove(g.state_name.as_str());
         }
+        self.any.store(!groups.is_empty(), Ordering::Relaxed);
     }
 
     async fn load(&self, key: &str, stream: &str) -> Result<Option<Arc<Group>>, ApiError> {
@@ -294,10 +298,10 @@ impl Groups {
             writer: tokio::sync::Mutex::new(()),
             broken: std::sync::atomic::AtomicBool::new(false),
         });
-        self.groups
-            .lock()
-            .expect("groups lock")
-            .insert(key.to_string(), g.clone());
+        let mut groups = self.groups.lock().expect("groups lock");
+        groups.insert(key.to_string(), g.clone());
+        self.any.store(true, Ordering::Relaxed);
+        drop(groups);
         Ok(Some(g))
     }
 
