@@ -84,6 +84,11 @@ impl ContentType {
         ContentType(OCTET_STREAM.into())
     }
 
+    /// `application/json` (the server's own streams: consumer state, dead letters).
+    pub fn json() -> ContentType {
+        ContentType("application/json".into())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -45,21 +45,23 @@ pub struct Positions {
     cache: Mutex<HashMap<String, (Offset, u64)>>,
 }
 
-fn json_type() -> Option<ContentType> {
-    ContentType::new("application/json", 64).expect("a short media type")
+pub fn check_consumer(consumer: &str) -> Result<(), ApiError> {
+    check_key_name("consumer", consumer, CONSUMER_BYTES_MAX)
 }
 
-pub fn check_consumer(consumer: &str) -> Result<(), ApiError> {
-    let ok = !consumer.is_empty()
-        && consumer.len() <= CONSUMER_BYTES_MAX
-        && consumer
+/// A group or consumer name, the key of a companion stream: it must not hold `/`
+/// (`cluster::slots::placed_by` splits at the first one).
+pub fn check_key_name(what: &str, name: &str, max: usize) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= max
+        && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if ok {
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(
-            "a consumer name has 1 to {CONSUMER_BYTES_MAX} characters of A-Z a-z 0-9 - _ ."
+            "a {what} name has 1 to {max} characters of A-Z a-z 0-9 - _ ."
         )))
     }
 }
@@ -147,10 +149,14 @@ impl Positions {
         }
         let name = self.companion(consumer, stream)?;
         let mut create = CreateRequest::new(name.clone());
-        create.content_type = json_type();
+        create.content_type = Some(ContentType::json());
         self.engine.create(create).await?;
         let body = json!({ "offset": offset.to_string(), "at": self.engine.clock().now_ms() });
-        let req = AppendRequest::new(name.clone(), json_type(), Bytes::from(body.to_string()));
+        let req = AppendRequest::new(
+            name.clone(),
+            Some(ContentType::json()),
+            Bytes::from(body.to_string()),
+        );
         let before = self.engine.head(&name).await?.tail;
         self.engine.append(req).await?;
         let commits = {

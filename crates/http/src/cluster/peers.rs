@@ -275,7 +275,7 @@ pub async fn append(
     app.engine
         .append(picomq_engine::AppendRequest::new(
             name.clone(),
-            picomq_engine::ContentType::new("application/json", 64)?,
+            Some(picomq_engine::ContentType::json()),
             Bytes::from(req.body),
         ))
         .await?;

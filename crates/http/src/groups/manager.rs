@@ -103,10 +103,6 @@ pub fn state_stream(group: &str, stream: &str) -> String {
     format!("{STATE_PREFIX}{group}/{stream}")
 }
 
-fn json_type() -> Option<ContentType> {
-    ContentType::new("application/json", 64).expect("a short media type")
-}
-
 pub fn not_found(group: &str) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
@@ -116,18 +112,7 @@ pub fn not_found(group: &str) -> ApiError {
 }
 
 pub fn check_group_name(group: &str) -> Result<(), ApiError> {
-    let ok = !group.is_empty()
-        && group.len() <= GROUP_NAME_BYTES_MAX
-        && group
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "a group name has 1 to {GROUP_NAME_BYTES_MAX} characters of A-Z a-z 0-9 - _ ."
-        )))
-    }
+    crate::positions::check_key_name("group", group, GROUP_NAME_BYTES_MAX)
 }
 
 impl Groups {
@@ -333,13 +318,13 @@ impl Groups {
         let state = GroupState::new(config.clone(), cursor, start.from.0);
         let key = state_stream(&config.group, &config.stream);
         let mut create = CreateRequest::new(self.name(key)?);
-        create.content_type = json_type();
+        create.content_type = Some(ContentType::json());
         let (_, info) = self.engine.create(create).await?;
         let body = serde_json::to_vec(&Event::Snapshot(Box::new(state))).expect("json");
         self.engine
             .append(AppendRequest::new(
                 self.name(info.name)?,
-                json_type(),
+                Some(ContentType::json()),
                 Bytes::from(body),
             ))
             .await?;
@@ -466,7 +451,11 @@ impl Groups {
         }
         body.push(b']');
         let len = (body.len() - 2 - events.len().saturating_sub(1)) as u64;
-        let req = AppendRequest::new(g.state_name.clone(), json_type(), Bytes::from(body));
+        let req = AppendRequest::new(
+            g.state_name.clone(),
+            Some(ContentType::json()),
+            Bytes::from(body),
+        );
         match self.engine.append(req).await {
             Ok(
                 picomq_engine::AppendOutcome::Appended { tail, .. }
@@ -721,7 +710,7 @@ impl Groups {
     async fn append_dead(&self, name: &str, body: Bytes) -> Result<(), ApiError> {
         let stream = self.name(name.to_string())?;
         let mut create = CreateRequest::new(stream.clone());
-        create.content_type = json_type();
+        create.content_type = Some(ContentType::json());
         let local = match self.engine.create(create).await {
             Ok(_) => true,
             Err(EngineError::NotOwner) => false,
@@ -730,7 +719,7 @@ impl Groups {
         };
         if local {
             self.engine
-                .append(AppendRequest::new(stream, json_type(), body))
+                .append(AppendRequest::new(stream, Some(ContentType::json()), body))
                 .await?;
             if let Some(app) = self.app.get().and_then(Weak::upgrade) {
                 app.written(name);

@@ -280,7 +280,7 @@ impl Subscriptions {
         let max = self.engine.config().stream_name_bytes_max;
         let name = StreamName::new(state_stream(path), max).map_err(ApiError::from)?;
         let mut create = CreateRequest::new(name.clone());
-        create.content_type = json_type();
+        create.content_type = Some(ContentType::json());
         self.engine.create(create).await?;
         let mut state = SubState {
             id: id.to_string(),
@@ -350,7 +350,7 @@ impl Subscriptions {
 
     /// The tail of stream `name`, from the metadata (every member of a cluster
     /// sees every stream's), `None` if it does not exist.
-    async fn tail_of(&self, name: &str) -> Result<Option<u64>, ApiError> {
+    pub async fn tail_of(&self, name: &str) -> Result<Option<u64>, ApiError> {
         if self.serves(name) {
             // Served here: the exact durable tail, without waiting for the index.
             let max = self.engine.config().stream_name_bytes_max;
@@ -499,7 +499,11 @@ impl Subscriptions {
     /// Writes the state as the state stream's next message; durable on return.
     async fn persist(&self, sub: &Sub, live: &mut Live) -> Result<(), ApiError> {
         let body = serde_json::to_vec(&live.state).expect("a state serializes");
-        let req = AppendRequest::new(sub.name.clone(), json_type(), Bytes::from(body));
+        let req = AppendRequest::new(
+            sub.name.clone(),
+            Some(ContentType::json()),
+            Bytes::from(body),
+        );
         let before = live.written;
         match self.engine.append(req).await {
             Ok(picomq_engine::AppendOutcome::Appended { tail, .. })
@@ -641,7 +645,7 @@ impl Subscriptions {
     async fn append_anywhere(&self, name: &str, body: Bytes) -> Result<(), ApiError> {
         let max = self.engine.config().stream_name_bytes_max;
         let stream = StreamName::new(name.to_string(), max).map_err(ApiError::from)?;
-        let req = AppendRequest::new(stream, json_type(), body.clone());
+        let req = AppendRequest::new(stream, Some(ContentType::json()), body.clone());
         match self.engine.append(req).await {
             Ok(_) => {
                 match self.app.get().and_then(Weak::upgrade) {
@@ -891,10 +895,6 @@ fn webhook_body(state: &SubState, token: &str) -> (Vec<u8>, String) {
         serde_json::to_vec(&body).expect("json"),
         wake.wake_id.clone(),
     )
-}
-
-fn json_type() -> Option<ContentType> {
-    ContentType::new("application/json", 64).expect("a short media type")
 }
 
 pub fn not_found() -> ApiError {

@@ -253,7 +253,7 @@ pub async fn handle(
             let sub = subs.get(&path).await?.ok_or_else(manager::not_found)?;
             let mut tails = Vec::with_capacity(paths.len());
             for p in &paths {
-                tails.push(subs_tail(app, &format!("{root}{p}")).await?);
+                tails.push(subs.tail_of(&format!("{root}{p}")).await?.unwrap_or(0));
             }
             subs.with_state(&sub, false, |live, _| {
                 let mut write = false;
@@ -408,15 +408,6 @@ pub async fn handle(
         (Action::Unlink(..), _) => Err(method_not_allowed("DELETE")),
         _ => Err(method_not_allowed("POST")),
     }
-}
-
-async fn subs_tail(app: &AppState, name: &str) -> Result<u64, ApiError> {
-    let page = app.engine.list(name, "", 1).await?;
-    Ok(page
-        .streams
-        .into_iter()
-        .find(|s| s.name == name)
-        .map_or(0, |s| s.tail.0))
 }
 
 async fn describe(app: &AppState, sub: &Arc<manager::Sub>) -> Result<Value, ApiError> {
