@@ -174,6 +174,10 @@ pub enum Invalid {
     },
     /// An append with no data that does not close the stream.
     EmptyAppend,
+    /// Record `index` of a native append to a JSON stream is not one JSON value.
+    RecordNotJson {
+        index: usize,
+    },
     TtlWithExpiry,
     ExpiryNotRfc3339,
     /// A retention outside 1 to `max` seconds.
@@ -200,6 +204,10 @@ impl fmt::Display for Invalid {
                 write!(f, "writer sequence is longer than {max} bytes")
             }
             Invalid::EmptyAppend => write!(f, "append is empty (only a close may be empty)"),
+            Invalid::RecordNotJson { index } => write!(
+                f,
+                "record {index}: the stream is application/json, so each record body must be one JSON value"
+            ),
             Invalid::TtlWithExpiry => write!(f, "a TTL and an expiry time are mutually exclusive"),
             Invalid::ExpiryNotRfc3339 => write!(f, "the expiry time must be an RFC 3339 timestamp"),
             Invalid::Retention { max } => write!(f, "retention must be 1 to {max} seconds"),

@@ -29,6 +29,9 @@ pub enum EngineError {
     StreamClosed { tail: Offset },
     #[error("writer sequence {got:?} is not greater than the last one, {last:?}")]
     StreamSeqConflict { last: String, got: String },
+    /// A conditional append found another next sequence number.
+    #[error("the stream's next sequence number is {next_seq}")]
+    SeqMismatch { next_seq: u64 },
     #[error("producer epoch {got} is older than the current epoch {current}")]
     ProducerStaleEpoch { current: u64, got: u64 },
     #[error("a new producer epoch must start at sequence 0")]

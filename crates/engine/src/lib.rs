@@ -41,7 +41,9 @@ pub use error::{EngineError, Result};
 pub use meta::TokenRecord;
 pub use node::Engine;
 pub use offset::{Offset, OffsetError, OffsetQuery};
+pub use read::RecordMeta;
 pub use stream::{
-    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, ListPage, Producer, ReadChunk,
-    ReadStart, StreamInfo, StreamRef, WaitOutcome,
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, ListPage, Located, NewRecord,
+    Producer, ReadChunk, ReadStart, Seek, StreamInfo, StreamRef, WaitOutcome,
 };
+pub use wal::format::RecordExt;

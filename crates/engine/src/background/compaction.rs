@@ -421,6 +421,15 @@ impl Compactor {
                 object_key: key.clone(),
                 byte_range: range.start as u64..range.end as u64,
                 last_ts_ms: piece.last_ts_ms,
+                // Pieces keep their appends' numbers: the first one's is the span's.
+                start_seq: piece
+                    .ops
+                    .iter()
+                    .find_map(|op| match op {
+                        Op::Append(a) => Some(a.start_seq),
+                        _ => None,
+                    })
+                    .unwrap_or(0),
             }));
         }
         let bytes = out.freeze();
@@ -529,6 +538,7 @@ fn pieces(stream_id: u64, rows: &[(IndexRow, Bytes)], max: usize) -> Result<Vec<
             last_ts_ms = a.records.last().map_or(last_ts_ms, |r| r.ts_ms);
             appends.push(Op::Append(AppendOp {
                 start: a.start,
+                start_seq: a.start_seq,
                 records: a.records,
                 close: false,
                 producer: None,

@@ -410,6 +410,7 @@ fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
         let last_ts_ms = a.records.last().map_or(0, |r| r.ts_ms);
         let op = Op::Append(AppendOp {
             start: a.start,
+            start_seq: a.start_seq,
             records: a.records.clone(),
             close: false,
             producer: None,
@@ -625,11 +626,12 @@ mod tests {
     fn append(start: u64, len: usize) -> Op {
         Op::Append(AppendOp {
             start: Offset(start),
-            records: vec![Record {
-                ts_ms: start,
-                flags: RECORD_BATCH_START,
-                data: Bytes::from(vec![b'x'; len]),
-            }],
+            start_seq: start,
+            records: vec![Record::plain(
+                start,
+                RECORD_BATCH_START,
+                Bytes::from(vec![b'x'; len]),
+            )],
             close: false,
             producer: None,
             stream_seq: None,

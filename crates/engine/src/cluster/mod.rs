@@ -78,6 +78,10 @@ pub struct PinnedFork {
     pub ttl_secs: Option<u64>,
     pub expires_at: Option<String>,
     pub point: u64,
+    /// The sequence number of the record at `point` (0 from members that predate
+    /// sequence numbers).
+    #[serde(default)]
+    pub point_seq: u64,
 }
 
 /// Calls to other members, made by the edge that speaks their protocol.

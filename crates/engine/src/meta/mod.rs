@@ -51,6 +51,8 @@ pub struct StreamRow {
     pub start: Offset,
     /// Age retention in seconds; `None`: keep everything.
     pub retention_secs: Option<u64>,
+    /// The sequence number the next record gets.
+    pub next_seq: u64,
 }
 
 /// One index row: where a stream's records `[start, end)` are stored.
@@ -60,6 +62,10 @@ pub struct ChunkRow {
     pub end: Offset,
     pub object_key: String,
     pub byte_range: std::ops::Range<u64>,
+    /// Sequence number of the row's first record.
+    pub start_seq: u64,
+    /// Server timestamp of the row's last record.
+    pub last_ts_ms: u64,
 }
 
 /// An index row with its stream (compaction reads rows of many streams at once).

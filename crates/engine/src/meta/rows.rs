@@ -21,8 +21,11 @@ pub(super) struct CreateRow<'a> {
     pub fork_point: Option<i64>,
     pub fork_requested: Option<i64>,
     pub fork_sub_offset: i64,
+    pub fork_point_seq: i64,
     /// A fork starts at its divergence point; a new stream at 0.
     pub tail: i64,
+    /// A fork's first own sequence number is its source's at the fork point.
+    pub next_seq: i64,
 }
 
 impl<'a> CreateRow<'a> {
@@ -39,7 +42,9 @@ impl<'a> CreateRow<'a> {
             fork_point: fork.map(|f| f.point.0 as i64),
             fork_requested: fork.and_then(|f| f.requested_offset).map(|o| o.0 as i64),
             fork_sub_offset: fork.map_or(0, |f| f.sub_offset as i64),
+            fork_point_seq: fork.map_or(0, |f| f.point_seq as i64),
             tail: fork.map_or(0, |f| f.point.0 as i64),
+            next_seq: fork.map_or(0, |f| f.point_seq as i64),
         }
     }
 }
@@ -54,6 +59,8 @@ pub(super) struct NewChunk<'a> {
     pub byte_end: i64,
     /// Timestamp of the row's last record.
     pub last_ts_ms: i64,
+    /// Sequence number of the row's first record.
+    pub start_seq: i64,
 }
 
 impl<'a> NewChunk<'a> {
@@ -61,13 +68,17 @@ impl<'a> NewChunk<'a> {
     /// appends (none if it holds no records).
     pub fn of(key: &'a str, chunk: &FlushedChunk) -> Option<NewChunk<'a>> {
         let data = chunk.ops.iter().filter_map(|(_, op)| match op {
-            Op::Append(a) => a.records.last().map(|r| (a.start, a.end(), r.ts_ms)),
+            Op::Append(a) => a
+                .records
+                .last()
+                .map(|r| (a.start, a.start_seq, a.end(), r.ts_ms)),
             _ => None,
         });
-        let span = data.fold(None, |acc: Option<(Offset, Offset, u64)>, (s, e, ts)| {
-            Some(acc.map_or((s, e, ts), |(s0, _, _)| (s0, e, ts)))
+        type Span = (Offset, u64, Offset, u64);
+        let span = data.fold(None, |acc: Option<Span>, (s, q, e, ts)| {
+            Some(acc.map_or((s, q, e, ts), |(s0, q0, _, _)| (s0, q0, e, ts)))
         });
-        let (start, end, last_ts_ms) = span?;
+        let (start, start_seq, end, last_ts_ms) = span?;
         Some(NewChunk {
             stream_id: chunk.stream_id as i64,
             start: start.0 as i64,
@@ -76,6 +87,7 @@ impl<'a> NewChunk<'a> {
             byte_start: chunk.range.start as i64,
             byte_end: chunk.range.end as i64,
             last_ts_ms: last_ts_ms as i64,
+            start_seq: start_seq as i64,
         })
     }
 }
@@ -88,6 +100,8 @@ impl<'a> NewChunk<'a> {
 #[derive(Default)]
 pub(super) struct AppendRun<'a> {
     pub end: u64,
+    /// The sequence number after the run's last record.
+    pub end_seq: u64,
     pub close: bool,
     pub closed_by: Option<&'a ProducerStamp>,
     pub stream_seq: Option<&'a str>,
@@ -98,6 +112,7 @@ pub(super) struct AppendRun<'a> {
 impl<'a> AppendRun<'a> {
     pub fn add(&mut self, a: &'a AppendOp) {
         self.end = self.end.max(a.end().0);
+        self.end_seq = self.end_seq.max(a.end_seq());
         if a.close {
             self.close = true;
             self.closed_by = a.producer.as_ref().or(self.closed_by);

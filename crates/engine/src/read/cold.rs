@@ -27,7 +27,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::time::Instant;
 
 use super::block_cache::BlockCache;
-use super::ReadChunk;
+use super::{ReadChunk, RecordMeta};
 use crate::error::{EngineError, Result};
 use crate::meta::{ChunkRow, Meta};
 use crate::metrics::Counter;
@@ -381,7 +381,7 @@ fn take_records(
     for op in ops {
         let Op::Append(a) = op else { continue };
         let mut pos = a.start;
-        for record in a.records {
+        for (i, record) in a.records.into_iter().enumerate() {
             let len = record.data.len() as u64;
             let (start, end) = (pos, pos.advance(len));
             pos = end;
@@ -402,6 +402,11 @@ fn take_records(
                 record.flags & !RECORD_BATCH_START
             });
             out.segments.push(piece);
+            out.meta.push(RecordMeta {
+                seq: a.start_seq + i as u64,
+                ts_ms: record.ts_ms,
+                ext: record.ext,
+            });
             out.next = Offset(start.0 + hi);
         }
     }

@@ -21,11 +21,24 @@ pub static READ_BYTES: Desc = Desc::counter(
     "Bytes read by tier (store: whole chunks fetched).",
 );
 
+/// What the native record API shows of a record besides its bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordMeta {
+    /// Its sequence number (records are numbered densely per stream).
+    pub seq: u64,
+    /// Its server timestamp (ms since the Unix epoch).
+    pub ts_ms: u64,
+    /// Its encoded `RecordExt` (headers, client timestamp), if any.
+    pub ext: Option<Bytes>,
+}
+
 /// One catch-up read.
 pub struct ReadChunk {
     pub segments: Vec<Bytes>,
     /// Per segment: does it start a new append (JSON batches span several records)?
     pub flags: Vec<u8>,
+    /// Per segment: its record's number, timestamp and extension.
+    pub meta: Vec<RecordMeta>,
     pub next: Offset,
     /// The read reached the durable tail.
     pub up_to_date: bool,
@@ -43,6 +56,7 @@ impl ReadChunk {
         ReadChunk {
             segments: Vec::new(),
             flags: Vec::new(),
+            meta: Vec::new(),
             next: from,
             up_to_date: false,
             closed: false,

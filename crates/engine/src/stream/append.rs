@@ -6,16 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-
 use super::handle::{self, Lifecycle, StreamHandle};
 use super::json::json_records;
 use super::producer::{self, ProducerState, Verdict};
-use super::{changing_too_fast, AppendOutcome, AppendRequest, STATE_RETRIES};
+use super::{changing_too_fast, AppendOutcome, AppendRequest, NewRecord, STATE_RETRIES};
 use crate::domain::{self, Invalid};
 use crate::error::{EngineError, Result};
 use crate::stream::Service;
-use crate::wal::format::{AppendOp, Op, ProducerStamp, Record, RECORD_BATCH_START};
+use crate::wal::format::{AppendOp, Op, ProducerStamp, Record, RECORD_BATCH_START, RECORD_EXT};
 
 pub(crate) enum Sequenced {
     /// Answer once sequencer op `.0` is durable.
@@ -26,7 +24,7 @@ impl Service {
     pub(crate) fn build_append(
         &self,
         st: &mut handle::State,
-        data: Vec<Bytes>,
+        data: Vec<NewRecord>,
         close: bool,
         producer: Option<ProducerStamp>,
         stream_seq: Option<String>,
@@ -36,14 +34,20 @@ impl Service {
         let records = data
             .into_iter()
             .enumerate()
-            .map(|(i, data)| Record {
-                ts_ms,
-                flags: if i == 0 { RECORD_BATCH_START } else { 0 },
-                data,
+            .map(|(i, r)| {
+                let start = if i == 0 { RECORD_BATCH_START } else { 0 };
+                let ext = if r.ext.is_some() { RECORD_EXT } else { 0 };
+                Record {
+                    ts_ms,
+                    flags: start | ext,
+                    data: r.data,
+                    ext: r.ext,
+                }
             })
             .collect();
         AppendOp {
             start: st.tail,
+            start_seq: st.next_seq,
             records,
             close,
             producer,
@@ -63,8 +67,13 @@ impl Service {
             "an append must not end before it starts"
         );
         assert!(op_no >= st.next_op, "sequencer op numbers must grow");
+        assert_eq!(
+            op.start_seq, st.next_seq,
+            "an append must start at the stream's next sequence number"
+        );
         st.next_op = op_no + 1;
         st.tail = op.end();
+        st.next_seq = op.end_seq();
         if let Some(s) = &op.stream_seq {
             st.stream_seq = Some(s.clone());
         }
@@ -93,8 +102,16 @@ impl Service {
                 self.inner.config.append_bytes_max
             )));
         }
-        if req.body.is_empty() && !req.close {
+        let native = req.records.as_ref().map_or(0, |r| r.len());
+        if req.body.is_empty() && native == 0 && !req.close {
             return Err(Invalid::EmptyAppend.into());
+        }
+        let native_bytes: usize = req.records.iter().flatten().map(|r| r.data.len()).sum();
+        if native_bytes > self.inner.config.append_bytes_max {
+            return Err(EngineError::PayloadTooLarge(format!(
+                "append of {native_bytes} bytes exceeds the limit of {} bytes",
+                self.inner.config.append_bytes_max
+            )));
         }
         let max = self.inner.config.stream_seq_bytes_max;
         if req.stream_seq.as_ref().is_some_and(|s| s.len() > max) {
@@ -105,12 +122,15 @@ impl Service {
             let stream = self.stream(&req.name).await?;
             let handle = stream.handle;
             handle.touch(self.inner.clock.now_ms());
-            let parsed = if req.body.is_empty() {
+            let parsed = if let Some(records) = &req.records {
+                native_records(records, handle.config.json)
+            } else if req.body.is_empty() {
                 Ok(Vec::new())
             } else if handle.config.json {
                 json_records(&req.body, false)
+                    .map(|r| r.into_iter().map(NewRecord::plain).collect())
             } else {
-                Ok(vec![req.body.clone()])
+                Ok(vec![NewRecord::plain(req.body.clone())])
             };
             let records = parsed.as_ref().map_or(0, Vec::len) as u64;
             let (wait_op, outcome) = {
@@ -128,7 +148,7 @@ impl Service {
             if let AppendOutcome::Appended { .. } = outcome {
                 c.appends.inc();
                 c.append_records.add(records);
-                c.append_bytes.add(req.body.len() as u64);
+                c.append_bytes.add((req.body.len() + native_bytes) as u64);
             }
             return Ok(outcome);
         }
@@ -141,7 +161,7 @@ impl Service {
         handle: &Arc<StreamHandle>,
         st: &mut handle::State,
         req: &AppendRequest,
-        parsed: Result<Vec<Bytes>>,
+        parsed: Result<Vec<NewRecord>>,
     ) -> Result<Sequenced> {
         match st.lifecycle {
             Lifecycle::Live => {}
@@ -156,7 +176,7 @@ impl Service {
         if st.closed {
             return on_closed(st, req, stamp.as_ref());
         }
-        if !req.body.is_empty() {
+        if !req.body.is_empty() && req.records.is_none() {
             let got = req.content_type.as_ref().map_or("", |c| c.as_str());
             if !domain::same_media_type(got, &handle.config.content_type) {
                 return Err(EngineError::ContentTypeMismatch {
@@ -179,6 +199,13 @@ impl Service {
                 });
             }
         }
+        if let Some(expected) = req.match_seq {
+            if expected != st.next_seq {
+                return Err(EngineError::SeqMismatch {
+                    next_seq: st.next_seq,
+                });
+            }
+        }
         let records = parsed?;
         let op = self.build_append(st, records, req.close, stamp, req.stream_seq.clone());
         let op_no = st.next_op;
@@ -188,9 +215,24 @@ impl Service {
             tail: st.tail,
             closed: st.closed,
             producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+            seqs: op.start_seq..op.end_seq(),
+            ts_ms: op.records.first().map_or(st.last_ts_ms, |r| r.ts_ms),
         };
         Ok(Sequenced::Wait(op_no, outcome))
     }
+}
+
+/// The native API's records, checked: on a JSON stream each must be one JSON value
+/// (a Durable Streams reader gets it as one message).
+fn native_records(records: &[NewRecord], json: bool) -> Result<Vec<NewRecord>> {
+    if json {
+        for (i, r) in records.iter().enumerate() {
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&r.data).is_err() {
+                return Err(Invalid::RecordNotJson { index: i }.into());
+            }
+        }
+    }
+    Ok(records.to_vec())
 }
 
 /// An append to a closed stream: the retry of the append that closed it (by its
@@ -215,6 +257,8 @@ fn on_closed(
             tail: st.tail,
             closed: true,
             producer: None,
+            seqs: st.next_seq..st.next_seq,
+            ts_ms: st.last_ts_ms,
         };
         return Ok(Sequenced::Wait(st.close_op, outcome));
     }

@@ -285,6 +285,7 @@ impl Service {
             ttl_secs: resolved.ttl_secs,
             expires_at: resolved.expires_at,
             point: resolved.point.0,
+            point_seq: resolved.point_seq,
         })
     }
 

@@ -260,6 +260,7 @@ impl Service {
                 ttl_secs: pinned.ttl_secs,
                 expires_at: pinned.expires_at,
                 point: Offset(pinned.point),
+                point_seq: pinned.point_seq,
             }
         };
         shape.content_type = resolved.content_type;
@@ -271,6 +272,7 @@ impl Service {
         shape.fork = Some(ForkOrigin {
             source_id: resolved.source_id,
             point: resolved.point,
+            point_seq: resolved.point_seq,
             requested_offset: f.offset,
             sub_offset: f.sub_offset,
         });
@@ -320,6 +322,7 @@ impl Service {
         } else {
             anchor
         };
+        let point_seq = self.seq_at(source, point).await?;
         Ok(ResolvedFork {
             source_id: source.config.id,
             content_type: source.config.content_type.clone(),
@@ -327,6 +330,7 @@ impl Service {
             expires_at: source.config.expires_at.clone(),
             expires_at_ms: source.config.expires_at_ms,
             point,
+            point_seq,
         })
     }
 
@@ -340,6 +344,7 @@ impl Service {
         term: u64,
     ) -> Arc<StreamHandle> {
         let start = shape.fork.as_ref().map_or(Offset::ZERO, |f| f.point);
+        let start_seq = shape.fork.as_ref().map_or(0, |f| f.point_seq);
         let config = StreamConfig {
             id,
             name: req.name.to_string(),
@@ -357,6 +362,7 @@ impl Service {
                 Offset::ZERO,
                 None,
                 start,
+                start_seq,
                 false,
                 None,
                 None,
@@ -393,6 +399,7 @@ impl Service {
             st.next_op = 3;
         }
         if !records.is_empty() || req.closed {
+            let records = records.into_iter().map(super::NewRecord::plain).collect();
             let op = self.build_append(&mut st, records, req.closed, None, None);
             // The create is queued; if this fails the stream exists, empty.
             let op_no = st.next_op;
@@ -469,4 +476,5 @@ pub(crate) struct ResolvedFork {
     pub(crate) expires_at: Option<String>,
     pub(crate) expires_at_ms: Option<u64>,
     pub(crate) point: Offset,
+    pub(crate) point_seq: u64,
 }

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use super::producer::ProducerState;
 use crate::offset::Offset;
+use crate::read::RecordMeta;
 use crate::wal::format::{ForkOrigin, Op, ProducerStamp, Record, RECORD_BATCH_START};
 use crate::wal::DurableListener;
 
@@ -50,6 +51,8 @@ pub struct DurableView {
     /// First retained offset: reads below it answer 410 (trimmed).
     pub start: Offset,
     pub tail: Offset,
+    /// The sequence number the next durable record gets.
+    pub tail_seq: u64,
     pub closed: bool,
     /// Age retention in seconds (`None`: keep everything).
     pub retention_secs: Option<u64>,
@@ -63,6 +66,8 @@ pub struct State {
     pub next_op: u64,
     /// Tail including ops not yet durable.
     pub tail: Offset,
+    /// The next record's sequence number, including ops not yet durable.
+    pub next_seq: u64,
     /// Start including trims not yet durable.
     pub start: Offset,
     pub retention_secs: Option<u64>,
@@ -94,6 +99,7 @@ struct OpWaiter {
 
 struct Cached {
     start: Offset,
+    seq: u64,
     op_no: u64,
     record: Record,
 }
@@ -116,6 +122,7 @@ pub struct CachedRead {
     pub segments: Vec<Bytes>,
     /// Flags of each segment's record (a sliced record keeps its flags).
     pub flags: Vec<u8>,
+    pub meta: Vec<RecordMeta>,
     pub end: Offset,
 }
 
@@ -127,6 +134,7 @@ impl StreamHandle {
         start: Offset,
         retention_secs: Option<u64>,
         tail: Offset,
+        tail_seq: u64,
         closed: bool,
         closed_by: Option<ProducerStamp>,
         stream_seq: Option<String>,
@@ -139,6 +147,7 @@ impl StreamHandle {
             op: 0,
             start,
             tail,
+            tail_seq,
             closed,
             retention_secs,
             lifecycle,
@@ -149,6 +158,7 @@ impl StreamHandle {
             state: Mutex::new(State {
                 next_op: 1,
                 tail,
+                next_seq: tail_seq,
                 start,
                 retention_secs,
                 closed,
@@ -271,6 +281,7 @@ impl StreamHandle {
         let mut out = CachedRead {
             segments: Vec::new(),
             flags: Vec::new(),
+            meta: Vec::new(),
             end: from,
         };
         let first = first_ending_after(&st.cache, from);
@@ -292,8 +303,37 @@ impl StreamHandle {
             } else {
                 c.record.flags & !RECORD_BATCH_START
             });
+            out.meta.push(RecordMeta {
+                seq: c.seq,
+                ts_ms: c.record.ts_ms,
+                ext: c.record.ext.clone(),
+            });
         }
         Some(out)
+    }
+
+    /// Where the first cached record at or after `target` starts (the durable tail if
+    /// none is), when the cache holds records before it; `None` when the cache is
+    /// empty or begins at or after the target (look in the index).
+    pub fn cached_before(&self, target: crate::stream::Seek) -> Option<Offset> {
+        let st = self.lock();
+        let reached = |c: &Cached| {
+            target.reached(&RecordMeta {
+                seq: c.seq,
+                ts_ms: c.record.ts_ms,
+                ext: None,
+            })
+        };
+        if reached(st.cache.front()?) {
+            return None;
+        }
+        // Numbers and times grow along the cache.
+        let i = st.cache.partition_point(|c| !reached(c));
+        Some(
+            st.cache
+                .get(i)
+                .map_or(st.tail.min(self.view().tail), |c| c.start),
+        )
     }
 
     /// Where the append holding the durable byte at `pos` starts, if the cache holds
@@ -426,6 +466,7 @@ impl DurableListener for StreamHandle {
         };
         let mut st = self.lock();
         let mut tail = None;
+        let mut tail_seq = None;
         let mut close = false;
         let mut lifecycle = None;
         let mut start = None;
@@ -440,16 +481,18 @@ impl DurableListener for StreamHandle {
                 | Op::PutServerKey { .. } => {}
                 Op::Append(a) => {
                     let mut pos = a.start;
-                    for record in &a.records {
-                        st.cache_bytes += record.data.len();
+                    for (i, record) in a.records.iter().enumerate() {
+                        st.cache_bytes += record.held_bytes();
                         st.cache.push_back(Cached {
                             start: pos,
+                            seq: a.start_seq + i as u64,
                             op_no: *op_no,
                             record: record.clone(),
                         });
                         pos = pos.advance(record.data.len() as u64);
                     }
                     tail = Some(pos);
+                    tail_seq = Some(a.end_seq());
                     close |= a.close;
                 }
                 Op::Delete { soft } => {
@@ -473,7 +516,7 @@ impl DurableListener for StreamHandle {
                 if end > start {
                     break;
                 }
-                st.cache_bytes -= front.record.data.len();
+                st.cache_bytes -= front.record.held_bytes();
                 st.cache_floor = st.cache_floor.max(end);
                 st.cache.pop_front();
             }
@@ -484,6 +527,9 @@ impl DurableListener for StreamHandle {
             v.op = *last_op;
             if let Some(tail) = tail {
                 v.tail = tail;
+            }
+            if let Some(seq) = tail_seq {
+                v.tail_seq = seq;
             }
             v.closed |= close;
             if let Some(l) = lifecycle {
@@ -524,7 +570,7 @@ impl DurableListener for StreamHandle {
                 break;
             }
             let front = st.cache.pop_front().expect("front exists");
-            st.cache_bytes -= front.record.data.len();
+            st.cache_bytes -= front.record.held_bytes();
             st.cache_floor = front.start.advance(front.record.data.len() as u64);
         }
     }
@@ -565,6 +611,7 @@ pub(crate) mod tests {
             Offset::ZERO,
             None,
             Offset::ZERO,
+            0,
             false,
             None,
             None,
@@ -578,11 +625,8 @@ pub(crate) mod tests {
     fn append_at(start: u64) -> Op {
         Op::Append(AppendOp {
             start: Offset(start),
-            records: vec![Record {
-                ts_ms: 0,
-                flags: 0,
-                data: Bytes::from_static(b"abc"),
-            }],
+            start_seq: start / 3,
+            records: vec![Record::plain(0, 0, Bytes::from_static(b"abc"))],
             close: false,
             producer: None,
             stream_seq: None,
@@ -638,12 +682,9 @@ pub(crate) mod tests {
             .map(|(i, &len)| {
                 let c = Cached {
                     start: Offset(at),
+                    seq: i as u64,
                     op_no: i as u64,
-                    record: Record {
-                        ts_ms: 0,
-                        data: Bytes::from(vec![0u8; len]),
-                        flags: 0,
-                    },
+                    record: Record::plain(0, 0, Bytes::from(vec![0u8; len])),
                 };
                 at += len as u64;
                 c

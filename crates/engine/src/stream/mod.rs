@@ -25,6 +25,7 @@ mod read;
 pub mod registry;
 mod resolve;
 pub(crate) mod retention;
+pub mod seek;
 mod service;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub use crate::read::ReadChunk;
 pub(crate) use cluster::ClusterSide;
 pub use counters::ServiceCounters;
 pub use json::json_records;
+pub use seek::{Located, Seek};
 pub use service::Service;
 pub(crate) use service::Shared;
 
@@ -114,6 +116,25 @@ pub struct AppendRequest {
     /// A writer's own sequence (`Stream-Seq`): each must sort after the last.
     pub stream_seq: Option<String>,
     pub producer: Option<Producer>,
+    /// The records, already split (the native record API), instead of `body`; on a
+    /// JSON stream each must be one JSON value.
+    pub records: Option<Vec<NewRecord>>,
+    /// Append only if the stream's next sequence number is this.
+    pub match_seq: Option<u64>,
+}
+
+/// One record of the native record API: its bytes and its encoded `RecordExt`.
+#[derive(Clone, Debug)]
+pub struct NewRecord {
+    pub data: Bytes,
+    pub ext: Option<Bytes>,
+}
+
+impl NewRecord {
+    /// A record of bytes only.
+    pub fn plain(data: Bytes) -> NewRecord {
+        NewRecord { data, ext: None }
+    }
 }
 
 impl AppendRequest {
@@ -126,6 +147,8 @@ impl AppendRequest {
             close: false,
             stream_seq: None,
             producer: None,
+            records: None,
+            match_seq: None,
         }
     }
 }
@@ -137,6 +160,10 @@ pub enum AppendOutcome {
         tail: Offset,
         closed: bool,
         producer: Option<(u64, u64)>,
+        /// The sequence numbers of the records written (empty for a close).
+        seqs: std::ops::Range<u64>,
+        /// Their server timestamp.
+        ts_ms: u64,
     },
     /// Already written by an earlier request with the same producer stamp.
     Duplicate {

@@ -206,6 +206,7 @@ impl Service {
                 *budget = budget.saturating_sub(n);
                 out.segments.extend(cached.segments);
                 out.flags.extend(cached.flags);
+                out.meta.extend(cached.meta);
                 out.next = cached.end;
                 return Ok(());
             }

@@ -61,6 +61,7 @@ impl Service {
                 row.start,
                 row.retention_secs,
                 row.tail,
+                row.next_seq,
                 row.closed,
                 row.closed_by,
                 row.stream_seq,
@@ -133,7 +134,24 @@ impl Service {
         self.check_owner(&row.name)?;
         self.check_capacity()?;
         let producers = self.inner.meta.producers(row.id).await?;
+        // Timestamps never decrease along a stream, across restarts and owners too:
+        // the next append's time starts from the last indexed record's.
+        let last = if row.tail > row.start {
+            let at = Offset(row.tail.0 - 1);
+            self.inner
+                .meta
+                .chunks_from(row.id, at, 1)
+                .await?
+                .first()
+                .map(|r| r.last_ts_ms)
+        } else {
+            None
+        };
         let handle = self.handle_from_row(row, producers, term)?;
+        if let Some(ts) = last {
+            let mut st = handle.lock();
+            st.last_ts_ms = st.last_ts_ms.max(ts);
+        }
         let id = handle.config.id;
         let active = self.inner.registry.insert(handle.clone(), |existing| {
             let v = existing.view();

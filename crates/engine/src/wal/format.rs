@@ -32,9 +32,19 @@ const TAG_RELOCATE: u8 = 6;
 const TAG_PUT_TOKEN: u8 = 7;
 const TAG_REVOKE_TOKENS: u8 = 8;
 const TAG_PUT_SERVER_KEY: u8 = 9;
+/// `Relocate` with the span's first sequence number (tag 6 is read as starting at 0).
+const TAG_RELOCATE_SEQ: u8 = 10;
+/// Append flag: the op carries its first record's sequence number (appends logged
+/// before sequence numbers existed number from 0).
+const APPEND_HAS_SEQ: u8 = 8;
+/// Fork marker with the fork point's sequence number (marker 1: none, read as 0).
+const FORK_WITH_SEQ: u8 = 2;
 
 /// Record flag: this record starts a new append (a JSON batch spans several records).
 pub const RECORD_BATCH_START: u8 = 1;
+/// Record flag: the record carries an extension after its data ([`RecordExt`]: the
+/// native API's headers and client timestamp).
+pub const RECORD_EXT: u8 = 2;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
@@ -42,6 +52,79 @@ pub struct Record {
     pub ts_ms: u64,
     pub flags: u8,
     pub data: Bytes,
+    /// An encoded [`RecordExt`] (present exactly when `flags` has [`RECORD_EXT`]).
+    /// It is not part of the stream's bytes: offsets count `data` only.
+    pub ext: Option<Bytes>,
+}
+
+impl Record {
+    /// A record without extension.
+    pub fn plain(ts_ms: u64, flags: u8, data: Bytes) -> Record {
+        Record {
+            ts_ms,
+            flags,
+            data,
+            ext: None,
+        }
+    }
+
+    /// Bytes the record holds in memory (data and extension).
+    pub fn held_bytes(&self) -> usize {
+        self.data.len() + self.ext.as_ref().map_or(0, Bytes::len)
+    }
+}
+
+/// What the native record API keeps with a record besides its body:
+///
+/// ```text
+/// ext = client_ts:u64 (u64::MAX: none) header_count:u32 (name_len:u16 name value_len:u32 value)*
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordExt {
+    pub client_ts_ms: Option<u64>,
+    /// Name/value pairs in order; names may repeat.
+    pub headers: Vec<(String, Bytes)>,
+}
+
+impl RecordExt {
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(
+            12 + self
+                .headers
+                .iter()
+                .map(|(n, v)| 6 + n.len() + v.len())
+                .sum::<usize>(),
+        );
+        out.put_u64_le(self.client_ts_ms.unwrap_or(u64::MAX));
+        out.put_u32_le(self.headers.len() as u32);
+        for (name, value) in &self.headers {
+            out.put_u16_le(name.len() as u16);
+            out.put_slice(name.as_bytes());
+            out.put_u32_le(value.len() as u32);
+            out.put_slice(value);
+        }
+        out.freeze()
+    }
+
+    pub fn decode(ext: &Bytes) -> Result<RecordExt, FormatError> {
+        let mut r = Reader {
+            buf: ext.clone(),
+            pos: 0,
+        };
+        let ts = r.u64()?;
+        let count = r.u32()? as usize;
+        let mut headers = Vec::with_capacity(count.min(64));
+        for _ in 0..count {
+            let len = r.take(2)?.get_u16_le() as usize;
+            let name = String::from_utf8(r.take(len)?.to_vec())
+                .map_err(|_| FormatError("header name is not UTF-8"))?;
+            headers.push((name, r.bytes()?));
+        }
+        Ok(RecordExt {
+            client_ts_ms: (ts != u64::MAX).then_some(ts),
+            headers,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +139,8 @@ pub struct ForkOrigin {
     pub source_id: u64,
     /// Where the fork's own data begins (the resolved divergence point).
     pub point: Offset,
+    /// The sequence number of the fork's first own record (its source's at `point`).
+    pub point_seq: u64,
     /// What the client asked for, kept for idempotent re-creation checks.
     pub requested_offset: Option<Offset>,
     pub sub_offset: u64,
@@ -74,6 +159,8 @@ pub struct CreateOp {
 #[derive(Clone, Debug, PartialEq)]
 pub struct AppendOp {
     pub start: Offset,
+    /// Sequence number of the first record (records are numbered densely per stream).
+    pub start_seq: u64,
     pub records: Vec<Record>,
     pub close: bool,
     pub producer: Option<ProducerStamp>,
@@ -84,6 +171,11 @@ impl AppendOp {
     pub fn end(&self) -> Offset {
         self.start
             .advance(self.records.iter().map(|r| r.data.len() as u64).sum())
+    }
+
+    /// The sequence number after the last record.
+    pub fn end_seq(&self) -> u64 {
+        self.start_seq + self.records.len() as u64
     }
 }
 
@@ -158,6 +250,8 @@ pub struct RelocateOp {
     pub byte_range: std::ops::Range<u64>,
     /// Timestamp of the last record in the span (for age retention).
     pub last_ts_ms: u64,
+    /// Sequence number of the span's first record.
+    pub start_seq: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -220,11 +314,12 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             put_str(out, c.expires_at.as_deref().unwrap_or(""));
             match &c.fork {
                 Some(f) => {
-                    out.put_u8(1);
+                    out.put_u8(FORK_WITH_SEQ);
                     out.put_u64_le(f.source_id);
                     out.put_u64_le(f.point.0);
                     put_opt_u64(out, f.requested_offset.map(|o| o.0));
                     out.put_u64_le(f.sub_offset);
+                    out.put_u64_le(f.point_seq);
                 }
                 None => out.put_u8(0),
             }
@@ -234,7 +329,8 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u64_le(a.start.0);
             let flags = (a.close as u8)
                 | ((a.producer.is_some() as u8) << 1)
-                | ((a.stream_seq.is_some() as u8) << 2);
+                | ((a.stream_seq.is_some() as u8) << 2)
+                | APPEND_HAS_SEQ;
             out.put_u8(flags);
             if let Some(p) = &a.producer {
                 put_str(out, &p.id);
@@ -244,12 +340,17 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             if let Some(s) = &a.stream_seq {
                 put_str(out, s);
             }
+            out.put_u64_le(a.start_seq);
             out.put_u32_le(a.records.len() as u32);
             for r in &a.records {
                 out.put_u64_le(r.ts_ms);
+                debug_assert_eq!(r.flags & RECORD_EXT != 0, r.ext.is_some());
                 out.put_u8(r.flags);
                 out.put_u32_le(r.data.len() as u32);
                 out.put_slice(&r.data);
+                if let Some(ext) = &r.ext {
+                    put_bytes(out, ext);
+                }
             }
         }
         Op::Delete { soft } => {
@@ -257,7 +358,7 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u8(*soft as u8);
         }
         Op::Relocate(r) => {
-            out.put_u8(TAG_RELOCATE);
+            out.put_u8(TAG_RELOCATE_SEQ);
             out.put_u64_le(r.stream_id);
             out.put_u64_le(r.start.0);
             out.put_u64_le(r.end.0);
@@ -265,6 +366,7 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             out.put_u64_le(r.byte_range.start);
             out.put_u64_le(r.byte_range.end);
             out.put_u64_le(r.last_ts_ms);
+            out.put_u64_le(r.start_seq);
         }
         Op::Trim { before } => {
             out.put_u8(TAG_TRIM);
@@ -314,12 +416,15 @@ pub fn encoded_len(op: &Op) -> usize {
             64 + c.name.len() + c.content_type.len() + c.expires_at.as_ref().map_or(0, |s| s.len())
         }
         Op::Append(a) => {
-            32 + a.producer.as_ref().map_or(0, |p| p.id.len() + 20)
+            40 + a.producer.as_ref().map_or(0, |p| p.id.len() + 20)
                 + a.stream_seq.as_ref().map_or(0, |s| s.len() + 4)
-                + a.records.iter().map(|r| 13 + r.data.len()).sum::<usize>()
+                + a.records
+                    .iter()
+                    .map(|r| 13 + r.data.len() + r.ext.as_ref().map_or(0, |e| 4 + e.len()))
+                    .sum::<usize>()
         }
         Op::Delete { .. } => 2,
-        Op::Relocate(r) => 53 + r.object_key.len(),
+        Op::Relocate(r) => 61 + r.object_key.len(),
         Op::Trim { .. } => 9,
         Op::SetRetention { secs } => 2 + secs.map_or(0, |_| 8),
         Op::PutToken(t) => {
@@ -465,12 +570,18 @@ impl Reader {
                 let created_ms = self.u64()?;
                 let ttl_secs = self.opt_u64()?;
                 let expires_at = Some(self.string()?).filter(|s| !s.is_empty());
-                let fork = if self.u8()? == 1 {
+                let marker = self.u8()?;
+                let fork = if marker == 1 || marker == FORK_WITH_SEQ {
                     Some(ForkOrigin {
                         source_id: self.u64()?,
                         point: Offset(self.u64()?),
                         requested_offset: self.opt_u64()?.map(Offset),
                         sub_offset: self.u64()?,
+                        point_seq: if marker == FORK_WITH_SEQ {
+                            self.u64()?
+                        } else {
+                            0
+                        },
                     })
                 } else {
                     None
@@ -501,20 +612,33 @@ impl Reader {
                 } else {
                     None
                 };
+                let start_seq = if flags & APPEND_HAS_SEQ != 0 {
+                    self.u64()?
+                } else {
+                    0
+                };
                 let count = self.u32()? as usize;
                 let mut records = Vec::with_capacity(count.min(4096));
                 for _ in 0..count {
                     let ts_ms = self.u64()?;
                     let rflags = self.u8()?;
                     let len = self.u32()? as usize;
+                    let data = self.take(len)?;
+                    let ext = if rflags & RECORD_EXT != 0 {
+                        Some(self.bytes()?)
+                    } else {
+                        None
+                    };
                     records.push(Record {
                         ts_ms,
                         flags: rflags,
-                        data: self.take(len)?,
+                        data,
+                        ext,
                     });
                 }
                 Ok(Op::Append(AppendOp {
                     start,
+                    start_seq,
                     records,
                     close: flags & 1 != 0,
                     producer,
@@ -524,13 +648,18 @@ impl Reader {
             TAG_DELETE => Ok(Op::Delete {
                 soft: self.u8()? == 1,
             }),
-            TAG_RELOCATE => Ok(Op::Relocate(RelocateOp {
+            tag @ (TAG_RELOCATE | TAG_RELOCATE_SEQ) => Ok(Op::Relocate(RelocateOp {
                 stream_id: self.u64()?,
                 start: Offset(self.u64()?),
                 end: Offset(self.u64()?),
                 object_key: self.string()?,
                 byte_range: self.u64()?..self.u64()?,
                 last_ts_ms: self.u64()?,
+                start_seq: if tag == TAG_RELOCATE_SEQ {
+                    self.u64()?
+                } else {
+                    0
+                },
             })),
             TAG_TRIM => Ok(Op::Trim {
                 before: Offset(self.u64()?),
@@ -585,15 +714,27 @@ mod tests {
                     point: Offset(5),
                     requested_offset: None,
                     sub_offset: 2,
+                    point_seq: 4,
                 }),
             }),
             Op::Append(AppendOp {
                 start: Offset(0),
-                records: vec![Record {
-                    ts_ms: 9,
-                    flags: RECORD_BATCH_START,
-                    data: Bytes::from_static(b"hello"),
-                }],
+                start_seq: 11,
+                records: vec![
+                    Record::plain(9, RECORD_BATCH_START, Bytes::from_static(b"hello")),
+                    Record {
+                        ts_ms: 9,
+                        flags: RECORD_EXT,
+                        data: Bytes::from_static(b"x"),
+                        ext: Some(
+                            RecordExt {
+                                client_ts_ms: Some(3),
+                                headers: vec![("k".into(), Bytes::from_static(b"v"))],
+                            }
+                            .encode(),
+                        ),
+                    },
+                ],
                 close: true,
                 producer: Some(ProducerStamp {
                     id: "p".into(),
@@ -643,6 +784,7 @@ mod tests {
                 object_key: "seg/x".into(),
                 byte_range: 30..40,
                 last_ts_ms: 50,
+                start_seq: 7,
             }),
         ];
         let mut out = BytesMut::new();
@@ -657,6 +799,24 @@ mod tests {
         // A ranged read of just the chunk decodes on its own.
         let (id, again) = decode_chunk(&object.slice(range)).unwrap();
         assert_eq!((id, again), (42, ops));
+    }
+
+    #[test]
+    fn record_extensions_round_trip() {
+        for ext in [
+            RecordExt::default(),
+            RecordExt {
+                client_ts_ms: Some(0),
+                headers: vec![
+                    ("a".into(), Bytes::from_static(b"1")),
+                    ("a".into(), Bytes::new()),
+                    ("trace".into(), Bytes::from_static(&[0, 255])),
+                ],
+            },
+        ] {
+            assert_eq!(RecordExt::decode(&ext.encode()).unwrap(), ext);
+        }
+        assert!(RecordExt::decode(&Bytes::from_static(&[1, 2, 3])).is_err());
     }
 
     /// `encoded_len` is what buffer accounting charges: it must cover the real bytes.

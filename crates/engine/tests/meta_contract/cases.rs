@@ -30,14 +30,13 @@ fn create_with(name: &str, shape: impl FnOnce(&mut CreateOp)) -> Op {
     Op::Create(op)
 }
 
+/// One record of `bytes` at `start`, numbered `start` (numbers only grow, as
+/// offsets do).
 fn append(start: u64, bytes: usize, ts_ms: u64) -> AppendOp {
     AppendOp {
         start: Offset(start),
-        records: vec![Record {
-            ts_ms,
-            flags: 0,
-            data: vec![b'x'; bytes].into(),
-        }],
+        start_seq: start,
+        records: vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())],
         close: false,
         producer: None,
         stream_seq: None,
@@ -92,6 +91,7 @@ fn relocate(stream_id: u64, span: (u64, u64), key: &str, bytes: (u64, u64), ts: 
         object_key: key.into(),
         byte_range: bytes.0..bytes.1,
         last_ts_ms: ts,
+        start_seq: span.0,
     })
 }
 
@@ -176,6 +176,7 @@ pub async fn creates_read_back_by_name_and_id(meta: Meta) {
         point: Offset(3),
         requested_offset: Some(Offset(2)),
         sub_offset: 1,
+        point_seq: 2,
     };
     apply(
         &meta,
@@ -606,6 +607,7 @@ pub async fn soft_deletes_keep_rows_for_forks(meta: Meta) {
         point: Offset(3),
         requested_offset: None,
         sub_offset: 0,
+        point_seq: 0,
     };
     apply(
         &meta,
@@ -748,6 +750,71 @@ pub async fn relocations_replace_the_rows_of_their_span(meta: Meta) {
     .await;
     let found = meta.retention_candidates(1_025, "", 10).await.unwrap();
     assert_eq!(found, [("s".to_string(), Offset(0), Some(Offset(6)))]);
+}
+
+/// Sequence numbers: each row keeps its first record's, the stream row the next
+/// one, a relocation keeps the span's first, and a fork starts from its point's.
+pub async fn sequence_numbers_land_in_rows(meta: Meta) {
+    let three = AppendOp {
+        records: vec![
+            Record::plain(10, 1, "a".into()),
+            Record::plain(10, 0, "b".into()),
+            Record::plain(10, 0, "c".into()),
+        ],
+        start_seq: 0,
+        ..append(0, 1, 10)
+    };
+    let two = AppendOp {
+        records: vec![
+            Record::plain(20, 1, "d".into()),
+            Record::plain(20, 0, "e".into()),
+        ],
+        start_seq: 3,
+        ..append(3, 1, 20)
+    };
+    apply(
+        &meta,
+        &[
+            object(0, vec![(1, vec![create("s"), Op::Append(three)])]),
+            object(1, vec![(1, vec![Op::Append(two)])]),
+        ],
+    )
+    .await;
+    let row = meta.stream_by_name("s").await.unwrap().unwrap();
+    assert_eq!((row.tail, row.next_seq), (Offset(5), 5));
+    let rows = meta.chunks_from(1, Offset(0), 10).await.unwrap();
+    let seen: Vec<(u64, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.start.0, r.start_seq, r.last_ts_ms))
+        .collect();
+    assert_eq!(seen, [(0, 0, 10), (3, 3, 20)]);
+    let seg = segment_key(1, 2, 0);
+    apply(
+        &meta,
+        &[system(2, vec![relocate(1, (0, 5), &seg, (0, 9), 20)])],
+    )
+    .await;
+    let rows = meta.chunks_from(1, Offset(0), 10).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].start_seq, rows[0].last_ts_ms), (0, 20));
+    let fork = ForkOrigin {
+        source_id: 1,
+        point: Offset(4),
+        requested_offset: Some(Offset(4)),
+        sub_offset: 0,
+        point_seq: 4,
+    };
+    apply(
+        &meta,
+        &[object(
+            3,
+            vec![(2, vec![create_with("f", |c| c.fork = Some(fork.clone()))])],
+        )],
+    )
+    .await;
+    let f = meta.stream_by_name("f").await.unwrap().unwrap();
+    assert_eq!(f.next_seq, 4);
+    assert_eq!(f.fork, Some(fork));
 }
 
 /// Moves in one batch land as if one after another: an L0 piece, then an L1 piece
@@ -1215,6 +1282,7 @@ fn every_kind_of_op() -> Vec<FlushedObject> {
         point: Offset(3),
         requested_offset: None,
         sub_offset: 0,
+        point_seq: 0,
     };
     let seg = segment_key(1, 6, 0);
     vec![

@@ -20,15 +20,16 @@ use crate::wal::FlushedObject;
 const TOUCH_GROUP: usize = 1_000;
 
 /// The stream updates of a flush: `$1` ids, then tail, close, closing stamp,
-/// Stream-Seq and write time per stream. Tail and last access only grow, a close
+/// Stream-Seq, write time and next sequence number per stream. Tail, last access
+/// and the sequence number only grow, a close
 /// sticks, a stamp or Stream-Seq given replaces the stored one. Rows are found
 /// through the primary key (a test pins the plan).
 pub(super) const UPDATE_STREAMS_SQL: &str = concat!(
     "UPDATE streams AS s SET tail = GREATEST(s.tail, v.tail), closed = s.closed OR v.close, ",
     "closed_by = COALESCE(v.closed_by, s.closed_by), stream_seq = COALESCE(v.seq, s.stream_seq), ",
-    "last_access_ms = GREATEST(s.last_access_ms, v.ms) ",
-    "FROM UNNEST($1::bigint[], $2::bigint[], $3::boolean[], $4::text[], $5::text[], $6::bigint[]) ",
-    "AS v(id, tail, close, closed_by, seq, ms) WHERE s.id = v.id"
+    "last_access_ms = GREATEST(s.last_access_ms, v.ms), next_seq = GREATEST(s.next_seq, v.next_seq) ",
+    "FROM UNNEST($1::bigint[], $2::bigint[], $3::boolean[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) ",
+    "AS v(id, tail, close, closed_by, seq, ms, next_seq) WHERE s.id = v.id"
 );
 
 /// Access times: `$1` ids, `$2` times; a time never moves back.
@@ -276,10 +277,10 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
     rows.sort_unstable_by_key(|r| (r.stream_id, r.start));
     let column = |f: fn(&RelocateOp) -> i64| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query(concat!(
-        "INSERT INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms) ",
-        "SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) ",
+        "INSERT INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms, start_seq) ",
+        "SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) ",
         "ON CONFLICT (stream_id, start_pos) DO UPDATE SET end_pos = excluded.end_pos, object_key = excluded.object_key, ",
-        "byte_start = excluded.byte_start, byte_end = excluded.byte_end, last_ts_ms = excluded.last_ts_ms"
+        "byte_start = excluded.byte_start, byte_end = excluded.byte_end, last_ts_ms = excluded.last_ts_ms, start_seq = excluded.start_seq"
     ))
     .bind(column(|r| r.stream_id as i64))
     .bind(column(|r| r.start.0 as i64))
@@ -288,6 +289,7 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
     .bind(column(|r| r.byte_range.start as i64))
     .bind(column(|r| r.byte_range.end as i64))
     .bind(column(|r| r.last_ts_ms as i64))
+    .bind(column(|r| r.start_seq as i64))
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -343,13 +345,13 @@ async fn insert_streams(tx: &mut PgConnection, rows: &[CreateRow<'_>]) -> Result
     let column = |f: fn(&CreateRow) -> Option<i64>| rows.iter().map(f).collect::<Vec<_>>();
     sqlx::query(concat!(
         "INSERT INTO streams (id, name, content_type, created_ms, ttl_secs, expires_at, expires_at_ms, ",
-        "fork_source, fork_point, fork_requested, fork_sub_offset, tail, last_access_ms) ",
+        "fork_source, fork_point, fork_requested, fork_sub_offset, tail, last_access_ms, next_seq, fork_point_seq) ",
         "SELECT id, name, content_type, created_ms, ttl_secs, expires_at, expires_at_ms, ",
-        "fork_source, fork_point, fork_requested, fork_sub_offset, tail, created_ms ",
+        "fork_source, fork_point, fork_requested, fork_sub_offset, tail, created_ms, next_seq, fork_point_seq ",
         "FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[], ",
-        "$8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[]) ",
+        "$8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[]) ",
         "AS v(id, name, content_type, created_ms, ttl_secs, expires_at, expires_at_ms, ",
-        "fork_source, fork_point, fork_requested, fork_sub_offset, tail) ",
+        "fork_source, fork_point, fork_requested, fork_sub_offset, tail, next_seq, fork_point_seq) ",
         "ON CONFLICT DO NOTHING"
     ))
     .bind(rows.iter().map(|c| c.id).collect::<Vec<_>>())
@@ -368,6 +370,8 @@ async fn insert_streams(tx: &mut PgConnection, rows: &[CreateRow<'_>]) -> Result
     .bind(column(|c| c.fork_requested))
     .bind(rows.iter().map(|c| c.fork_sub_offset).collect::<Vec<_>>())
     .bind(rows.iter().map(|c| c.tail).collect::<Vec<_>>())
+    .bind(rows.iter().map(|c| c.next_seq).collect::<Vec<_>>())
+    .bind(rows.iter().map(|c| c.fork_point_seq).collect::<Vec<_>>())
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -386,10 +390,10 @@ async fn upsert_chunks(tx: &mut PgConnection, rows: &[NewChunk<'_>]) -> Result<(
     kept.sort_unstable_by_key(|c| (c.stream_id, c.start));
     let column = |f: fn(&NewChunk) -> i64| kept.iter().map(|c| f(c)).collect::<Vec<_>>();
     sqlx::query(concat!(
-        "INSERT INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms) ",
-        "SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) ",
+        "INSERT INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms, start_seq) ",
+        "SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[]) ",
         "ON CONFLICT (stream_id, start_pos) DO UPDATE SET end_pos = excluded.end_pos, object_key = excluded.object_key, ",
-        "byte_start = excluded.byte_start, byte_end = excluded.byte_end, last_ts_ms = excluded.last_ts_ms"
+        "byte_start = excluded.byte_start, byte_end = excluded.byte_end, last_ts_ms = excluded.last_ts_ms, start_seq = excluded.start_seq"
     ))
     .bind(column(|c| c.stream_id))
     .bind(column(|c| c.start))
@@ -398,6 +402,7 @@ async fn upsert_chunks(tx: &mut PgConnection, rows: &[NewChunk<'_>]) -> Result<(
     .bind(column(|c| c.byte_start))
     .bind(column(|c| c.byte_end))
     .bind(column(|c| c.last_ts_ms))
+    .bind(column(|c| c.start_seq))
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -418,6 +423,11 @@ async fn update_streams(tx: &mut PgConnection, runs: &[(u64, AppendRun<'_>)]) ->
         .bind(
             runs.iter()
                 .map(|(_, r)| r.written_ms as i64)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            runs.iter()
+                .map(|(_, r)| r.end_seq as i64)
                 .collect::<Vec<_>>(),
         )
         .execute(&mut *tx)

@@ -41,7 +41,7 @@ macro_rules! stream_select {
         concat!(
             "SELECT id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, ",
             "fork_requested, fork_sub_offset, tail, closed, closed_by, stream_seq, soft_deleted, last_access_ms, ",
-            "start_pos, retention_secs ",
+            "start_pos, retention_secs, next_seq, fork_point_seq ",
             "FROM streams ",
             $tail
         )
@@ -56,6 +56,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         2,
         include_str!("../../../migrations/postgres/0002_cluster.sql"),
+    ),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_sequence_numbers.sql"),
     ),
 ];
 
@@ -105,7 +109,8 @@ const LIST_STARTING_WITH_SQL: &str = stream_select!(
 );
 
 /// Columns of an [`IndexRow`] (stream id, then [`chunk_row`]'s five).
-const INDEX_COLUMNS: &str = "stream_id, start_pos, end_pos, object_key, byte_start, byte_end";
+const INDEX_COLUMNS: &str =
+    "stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms";
 
 /// Whether `url` names a Postgres database.
 pub fn is_postgres_url(url: &str) -> bool {
@@ -414,7 +419,7 @@ impl MetaStore for PostgresMeta {
     }
 
     async fn chunks_from(&self, stream_id: u64, from: Offset, limit: u32) -> Result<Vec<ChunkRow>> {
-        let rows = sqlx::query("SELECT start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE stream_id = $1 AND end_pos > $2 ORDER BY start_pos LIMIT $3")
+        let rows = sqlx::query("SELECT start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE stream_id = $1 AND end_pos > $2 ORDER BY start_pos LIMIT $3")
             .bind(stream_id as i64)
             .bind(from.0 as i64)
             .bind(limit as i64)
@@ -425,7 +430,7 @@ impl MetaStore for PostgresMeta {
 
     async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>> {
         self.index_rows(
-            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= 'wal/' AND object_key < $1 ORDER BY object_key, stream_id, start_pos LIMIT $2",
+            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < $1 ORDER BY object_key, stream_id, start_pos LIMIT $2",
             below,
             limit,
         )
@@ -434,7 +439,7 @@ impl MetaStore for PostgresMeta {
 
     async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {
         self.index_rows(
-            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= $1 AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT $2",
+            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= $1 AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT $2",
             from.max("wal/"),
             limit,
         )
@@ -523,13 +528,16 @@ pub(super) fn prefix_end(prefix: &str) -> Option<String> {
     None
 }
 
-/// The `ChunkRow` in columns `first..first + 5` (start, end, key, byte start, byte end).
+/// The `ChunkRow` in columns `first..first + 7` (start, end, key, byte start, byte
+/// end, first sequence number, last timestamp).
 fn chunk_row(r: &PgRow, first: usize) -> ChunkRow {
     ChunkRow {
         start: Offset(r.get::<i64, _>(first) as u64),
         end: Offset(r.get::<i64, _>(first + 1) as u64),
         object_key: r.get(first + 2),
         byte_range: r.get::<i64, _>(first + 3) as u64..r.get::<i64, _>(first + 4) as u64,
+        start_seq: r.get::<i64, _>(first + 5) as u64,
+        last_ts_ms: r.get::<i64, _>(first + 6) as u64,
     }
 }
 
@@ -554,6 +562,7 @@ fn stream_row(r: &PgRow) -> StreamRow {
             point: Offset(r.get::<Option<i64>, _>(7).unwrap_or(0) as u64),
             requested_offset: r.get::<Option<i64>, _>(8).map(|v| Offset(v as u64)),
             sub_offset: r.get::<i64, _>(9) as u64,
+            point_seq: r.get::<i64, _>(19) as u64,
         }),
         tail: Offset(r.get::<i64, _>(10) as u64),
         closed: r.get(11),
@@ -565,5 +574,6 @@ fn stream_row(r: &PgRow) -> StreamRow {
         last_access_ms: r.get::<i64, _>(15) as u64,
         start: Offset(r.get::<i64, _>(16) as u64),
         retention_secs: r.get::<Option<i64>, _>(17).map(|v| v as u64),
+        next_seq: r.get::<i64, _>(18) as u64,
     }
 }

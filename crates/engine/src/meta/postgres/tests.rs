@@ -75,7 +75,7 @@ async fn generic_plans_look_rows_up_by_primary_key() {
         let update = generic_plan(
             &meta,
             UPDATE_STREAMS_SQL,
-            &format!("{ids}, '{{1,2,3}}', '{{f,f,t}}', '{{NULL,NULL,NULL}}', '{{NULL,NULL,a}}', '{{1,2,3}}'"),
+            &format!("{ids}, '{{1,2,3}}', '{{f,f,t}}', '{{NULL,NULL,NULL}}', '{{NULL,NULL,a}}', '{{1,2,3}}', '{{1,2,3}}'"),
         )
         .await;
         assert!(update.contains("streams_pkey"), "{update}");

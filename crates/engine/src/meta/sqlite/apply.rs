@@ -147,7 +147,7 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
         .bind(r.end.0 as i64)
         .execute(&mut *tx)
         .await?;
-    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms) VALUES (?, ?, ?, ?, ?, ?, ?)")
+    sqlx::query("INSERT OR REPLACE INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms, start_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
         .bind(r.stream_id as i64)
         .bind(r.start.0 as i64)
         .bind(r.end.0 as i64)
@@ -155,6 +155,7 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
         .bind(r.byte_range.start as i64)
         .bind(r.byte_range.end as i64)
         .bind(r.last_ts_ms as i64)
+        .bind(r.start_seq as i64)
         .execute(&mut *tx)
         .await?;
     Ok(())
@@ -230,7 +231,7 @@ impl Pending<'_> {
     async fn flush(&mut self, tx: &mut sqlx::SqliteConnection) -> Result<()> {
         let mut rows = self.creates.drain(..);
         for n in groups(rows.len()) {
-            let sql = values_sql("INSERT OR IGNORE INTO streams (id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, fork_requested, fork_sub_offset, tail, closed, last_access_ms)", 13, n);
+            let sql = values_sql("INSERT OR IGNORE INTO streams (id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, fork_requested, fork_sub_offset, tail, closed, last_access_ms, next_seq, fork_point_seq)", 15, n);
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
             for c in rows.by_ref().take(n) {
                 q = q
@@ -246,7 +247,9 @@ impl Pending<'_> {
                     .bind(c.fork_sub_offset)
                     .bind(c.tail)
                     .bind(false)
-                    .bind(c.created_ms);
+                    .bind(c.created_ms)
+                    .bind(c.next_seq)
+                    .bind(c.fork_point_seq);
             }
             q.execute(&mut *tx).await?;
         }
@@ -267,9 +270,10 @@ impl Pending<'_> {
             let (group, tail) = rest.split_at(n);
             rest = tail;
             let mut q = sqlx::query(sqlx::AssertSqlSafe(by_id_update_sql(
-                &["tail", "close", "closed_by", "seq", "ms"],
+                &["tail", "close", "closed_by", "seq", "ms", "next_seq"],
                 &[
                     ("tail", "MAX(tail, {tail})"),
+                    ("next_seq", "MAX(next_seq, {next_seq})"),
                     ("closed", "closed OR {close}"),
                     ("closed_by", "COALESCE({closed_by}, closed_by)"),
                     ("stream_seq", "COALESCE({seq}, stream_seq)"),
@@ -284,7 +288,8 @@ impl Pending<'_> {
                     .bind(run.close)
                     .bind(run.closed_by.map(encode_stamp))
                     .bind(run.stream_seq)
-                    .bind(run.written_ms as i64);
+                    .bind(run.written_ms as i64)
+                    .bind(run.end_seq as i64);
             }
             q.execute(&mut *tx).await?;
         }
@@ -336,8 +341,8 @@ fn chunk_insert<'q>(
     group: &[NewChunk<'q>],
     verb: &str,
 ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    let head = format!("{verb} INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms)");
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(values_sql(&head, 7, group.len())));
+    let head = format!("{verb} INTO chunks (stream_id, start_pos, end_pos, object_key, byte_start, byte_end, last_ts_ms, start_seq)");
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(values_sql(&head, 8, group.len())));
     for c in group {
         q = q
             .bind(c.stream_id)
@@ -346,7 +351,8 @@ fn chunk_insert<'q>(
             .bind(c.key)
             .bind(c.byte_start)
             .bind(c.byte_end)
-            .bind(c.last_ts_ms);
+            .bind(c.last_ts_ms)
+            .bind(c.start_seq);
     }
     q
 }

@@ -37,7 +37,7 @@ macro_rules! stream_select {
         concat!(
             "SELECT id, name, content_type, created_ms, ttl_secs, expires_at, fork_source, fork_point, ",
             "fork_requested, fork_sub_offset, tail, closed, closed_by, stream_seq, soft_deleted, last_access_ms, ",
-            "start_pos, retention_secs ",
+            "start_pos, retention_secs, next_seq, fork_point_seq ",
             "FROM streams ",
             $tail
         )
@@ -58,6 +58,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         5,
         include_str!("../../../migrations/sqlite/0005_drop_chunks_by_age.sql"),
+    ),
+    (
+        6,
+        include_str!("../../../migrations/sqlite/0006_sequence_numbers.sql"),
     ),
 ];
 /// [`Meta::retention_candidates`]: `?1` now (ms), `?2` the name to start after, `?3`
@@ -249,7 +253,7 @@ impl MetaStore for SqliteMeta {
     /// Index rows in WAL objects whose keys sort below `below` (older objects),
     /// oldest object first: what compaction rewrites next.
     async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= 'wal/' AND object_key < ? ORDER BY object_key, stream_id, start_pos LIMIT ?")
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < ? ORDER BY object_key, stream_id, start_pos LIMIT ?")
             .bind(below)
             .bind(limit as i64)
             .fetch_all(&self.pool)
@@ -264,7 +268,7 @@ impl MetaStore for SqliteMeta {
     }
 
     async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key >= ? AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT ?")
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= ? AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT ?")
             .bind(from.max("wal/"))
             .bind(limit as i64)
             .fetch_all(&self.pool)
@@ -314,7 +318,7 @@ impl MetaStore for SqliteMeta {
     async fn rows_in_objects(&self, keys: &[String]) -> Result<Vec<IndexRow>> {
         let mut out = Vec::new();
         for key in keys {
-            let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE object_key = ? ORDER BY stream_id, start_pos")
+            let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key = ? ORDER BY stream_id, start_pos")
                 .bind(key)
                 .fetch_all(&self.pool)
                 .await?;
@@ -419,7 +423,7 @@ impl MetaStore for SqliteMeta {
 
     /// Index rows of `stream_id` holding data at or after `from`, in offset order.
     async fn chunks_from(&self, stream_id: u64, from: Offset, limit: u32) -> Result<Vec<ChunkRow>> {
-        let rows = sqlx::query("SELECT start_pos, end_pos, object_key, byte_start, byte_end FROM chunks WHERE stream_id = ? AND end_pos > ? ORDER BY start_pos LIMIT ?")
+        let rows = sqlx::query("SELECT start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE stream_id = ? AND end_pos > ? ORDER BY start_pos LIMIT ?")
             .bind(stream_id as i64)
             .bind(from.0 as i64)
             .bind(limit as i64)
@@ -592,13 +596,16 @@ impl LocalIndex for SqliteMeta {
     }
 }
 
-/// The `ChunkRow` in columns `first..first + 5` (start, end, key, byte start, byte end).
+/// The `ChunkRow` in columns `first..first + 7` (start, end, key, byte start, byte
+/// end, first sequence number, last timestamp).
 fn chunk_row(r: &sqlx::sqlite::SqliteRow, first: usize) -> ChunkRow {
     ChunkRow {
         start: Offset(r.get::<i64, _>(first) as u64),
         end: Offset(r.get::<i64, _>(first + 1) as u64),
         object_key: r.get(first + 2),
         byte_range: r.get::<i64, _>(first + 3) as u64..r.get::<i64, _>(first + 4) as u64,
+        start_seq: r.get::<i64, _>(first + 5) as u64,
+        last_ts_ms: r.get::<i64, _>(first + 6) as u64,
     }
 }
 
@@ -616,6 +623,7 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
             point: Offset(r.get::<Option<i64>, _>(7).unwrap_or(0) as u64),
             requested_offset: r.get::<Option<i64>, _>(8).map(|v| Offset(v as u64)),
             sub_offset: r.get::<i64, _>(9) as u64,
+            point_seq: r.get::<i64, _>(19) as u64,
         }),
         tail: Offset(r.get::<i64, _>(10) as u64),
         closed: r.get::<i64, _>(11) != 0,
@@ -627,5 +635,6 @@ fn stream_row(r: &sqlx::sqlite::SqliteRow) -> StreamRow {
         last_access_ms: r.get::<i64, _>(15) as u64,
         start: Offset(r.get::<i64, _>(16) as u64),
         retention_secs: r.get::<Option<i64>, _>(17).map(|v| v as u64),
+        next_seq: r.get::<i64, _>(18) as u64,
     }
 }

@@ -20,11 +20,8 @@ fn create(name: &str) -> Op {
 fn append(start: u64, bytes: usize, ts_ms: u64) -> AppendOp {
     AppendOp {
         start: Offset(start),
-        records: vec![Record {
-            ts_ms,
-            flags: 0,
-            data: vec![b'x'; bytes].into(),
-        }],
+        start_seq: start,
+        records: vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())],
         close: false,
         producer: None,
         stream_seq: None,

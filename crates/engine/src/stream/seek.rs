@@ -1,0 +1,186 @@
+//! Finding records by sequence number and by time (the native record API, and
+//! Durable Streams reads that start at a time).
+//!
+//! Sequence numbers and server timestamps never decrease along a stream, and offsets
+//! grow with both, so a record is found in two steps: an append boundary at or
+//! before it, then a forward scan of the records from there. The boundary comes from
+//! the tail cache when the cache holds the record, else from a binary search over the
+//! stream's index rows in offset space (each probe one `chunks_from` lookup by the
+//! primary key: about 40 probes for a terabyte, and no index of its own that every
+//! append would pay for). A fork's inherited records are scanned from its first
+//! readable offset.
+
+use std::sync::Arc;
+
+use super::handle::StreamHandle;
+use super::StreamRef;
+use crate::error::Result;
+use crate::offset::Offset;
+use crate::read::RecordMeta;
+use crate::stream::Service;
+
+/// What to find: the first record at or after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seek {
+    /// A sequence number.
+    Seq(u64),
+    /// A server timestamp (ms since the Unix epoch).
+    Time(u64),
+}
+
+impl Seek {
+    /// Is `record` at or after the target?
+    pub fn reached(self, record: &RecordMeta) -> bool {
+        match self {
+            Seek::Seq(n) => record.seq >= n,
+            Seek::Time(t) => record.ts_ms >= t,
+        }
+    }
+}
+
+/// A record found by [`Service::seek`], or the tail when no record is at or after
+/// the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Where the record starts (a record boundary: a Durable Streams read from
+    /// here returns it first, unless it is inside a JSON batch).
+    pub offset: Offset,
+    /// Its sequence number (the tail's next one for the tail).
+    pub seq: u64,
+    /// Its server timestamp (`None` at the tail).
+    pub ts_ms: Option<u64>,
+}
+
+/// Bytes one scan step reads.
+const SCAN_BYTES: usize = 256 << 10;
+
+impl Service {
+    /// The first durable record of `stream` at or after `target`, from its first
+    /// readable offset; the tail if there is none.
+    pub async fn seek(&self, stream: &StreamRef, target: Seek) -> Result<Located> {
+        let handle = &stream.handle;
+        let view = handle.view();
+        let floor = self.start_of(handle).await?;
+        let own_floor = handle
+            .config
+            .fork
+            .as_ref()
+            .map_or(floor, |f| f.point.max(floor));
+        let mut from = match handle.cached_before(target) {
+            Some(o) => o.max(own_floor),
+            None => {
+                self.indexed_before(handle, own_floor, view.tail, target)
+                    .await?
+            }
+        };
+        // The target may lie in what a fork inherits: scan from its first offset.
+        if from <= own_floor {
+            from = floor;
+        }
+        let tail = Located {
+            offset: view.tail,
+            seq: view.tail_seq,
+            ts_ms: None,
+        };
+        while from < view.tail {
+            let chunk = self
+                .read_view(handle, from, view.tail, SCAN_BYTES, None)
+                .await?;
+            let mut pos = from;
+            for (segment, meta) in chunk.segments.iter().zip(&chunk.meta) {
+                if target.reached(meta) {
+                    return Ok(Located {
+                        offset: pos,
+                        seq: meta.seq,
+                        ts_ms: Some(meta.ts_ms),
+                    });
+                }
+                pos = pos.advance(segment.len() as u64);
+            }
+            if chunk.next <= from {
+                break;
+            }
+            from = chunk.next;
+        }
+        Ok(tail)
+    }
+
+    /// The sequence number of the record starting at `pos` (a record boundary of
+    /// `handle`'s view; at or past the durable tail: the tail's).
+    pub(crate) async fn seq_at(&self, handle: &Arc<StreamHandle>, pos: Offset) -> Result<u64> {
+        let view = handle.view();
+        if pos >= view.tail {
+            return Ok(view.tail_seq);
+        }
+        let chunk = self.read_view(handle, pos, view.tail, 1, None).await?;
+        Ok(chunk.meta.first().map_or(view.tail_seq, |m| m.seq))
+    }
+
+    /// The sequence number of the record starting at `pos` of `stream` (a record
+    /// boundary, such as a read's start; at or past the tail: the tail's).
+    pub async fn seq_of(&self, stream: &StreamRef, pos: Offset) -> Result<u64> {
+        self.seq_at(&stream.handle, pos).await
+    }
+
+    /// The first record `stream` holds: its offset, sequence number and timestamp
+    /// (the tail for an empty stream).
+    pub async fn first_record(&self, stream: &StreamRef) -> Result<Located> {
+        let handle = &stream.handle;
+        let view = handle.view();
+        let from = self.start_of(handle).await?;
+        if from >= view.tail {
+            return Ok(Located {
+                offset: view.tail,
+                seq: view.tail_seq,
+                ts_ms: None,
+            });
+        }
+        let chunk = self.read_view(handle, from, view.tail, 1, None).await?;
+        Ok(match chunk.meta.first() {
+            Some(m) => Located {
+                offset: from,
+                seq: m.seq,
+                ts_ms: Some(m.ts_ms),
+            },
+            None => Located {
+                offset: view.tail,
+                seq: view.tail_seq,
+                ts_ms: None,
+            },
+        })
+    }
+
+    /// An append boundary in `[lo, hi]` with every record before it short of
+    /// `target`, as late as the index rows of `handle` show: binary search in offset
+    /// space, each probe the row holding (or following) the middle offset.
+    async fn indexed_before(
+        &self,
+        handle: &Arc<StreamHandle>,
+        lo: Offset,
+        hi: Offset,
+        target: Seek,
+    ) -> Result<Offset> {
+        let id = handle.config.id;
+        let (mut lo, mut hi, mut best) = (lo, hi, lo);
+        while lo < hi {
+            let mid = Offset(lo.0 + (hi.0 - lo.0) / 2);
+            let rows = self.inner.meta.chunks_from(id, mid, 1).await?;
+            let Some(row) = rows.first().filter(|r| r.start < hi) else {
+                hi = mid;
+                continue;
+            };
+            match target {
+                Seek::Seq(n) if row.start_seq <= n => {
+                    best = best.max(row.start);
+                    lo = row.end;
+                }
+                Seek::Time(t) if row.last_ts_ms < t => {
+                    best = best.max(row.end);
+                    lo = row.end;
+                }
+                _ => hi = row.start.min(mid),
+            }
+        }
+        Ok(best)
+    }
+}
