@@ -88,6 +88,12 @@ impl From<EngineError> for ApiError {
                 "stream_seq_conflict",
                 format!("Stream-Seq {got:?} is not greater than the last one, {last:?}"),
             ),
+            E::SeqMismatch { next_seq } => ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "seq_mismatch",
+                format!("match_seq differs from the stream's next sequence number, {next_seq}"),
+            )
+            .with_json_field("next_seq", serde_json::json!(next_seq)),
             E::ProducerStaleEpoch { current, .. } => {
                 ApiError::new(StatusCode::FORBIDDEN, "producer_stale_epoch", message)
                     .with_header(PRODUCER_EPOCH, current)
@@ -138,6 +144,7 @@ impl From<Invalid> for ApiError {
             I::EmptyAppend => {
                 "append body is empty (only a close, Stream-Closed: true, may be empty)".into()
             }
+            I::RecordNotJson { .. } => reason.to_string(),
             I::TtlWithExpiry => "Stream-TTL and Stream-Expires-At are mutually exclusive".into(),
             I::ExpiryNotRfc3339 => "Stream-Expires-At must be an RFC 3339 timestamp".into(),
             I::ForkOffsetPastTail => "Stream-Fork-Offset is beyond the source stream's tail".into(),

@@ -15,6 +15,7 @@ pub mod listing;
 pub mod maintenance;
 pub mod metrics;
 pub mod positions;
+pub mod records;
 pub mod retention;
 pub mod server;
 pub mod shutdown;
@@ -266,7 +267,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route("/metrics", get(metrics::metrics))
         .route(listing::PATH, get(listing::list))
         .route(maintenance::COMPACT_PATH, post(maintenance::compact))
-        .route(retention::PATH, post(retention::handle))
+        .route(retention::PATH, any(retention::handle))
         .route(
             auth::endpoints::TOKENS_PATH,
             post(auth::endpoints::create).get(auth::endpoints::list),

@@ -1,19 +1,24 @@
-//! Trimming and retention of one stream, under the reserved `__picomq` namespace:
+//! Per-stream endpoints under the reserved `__picomq` namespace:
 //!
 //! - `POST /__picomq/streams/{name}/trim?before=OFFSET`: drop the stream's data below
 //!   `OFFSET` (a `Stream-Next-Offset` token); answers `{"stream", "start"}`.
+//!   `?before_seq=N` trims below record `N` (the native record API's numbers) and
+//!   answers `first_seq` too.
 //! - `POST /__picomq/streams/{name}/retention?seconds=N|none`: set or clear the
 //!   stream's age retention; answers `{"stream", "retentionSeconds", "start"}`.
 //!
+//! - `.../records` and `.../info`: the native record API (`records.rs`).
+//!
 //! `{name}` is the stream's path and may contain `/`: the last segment names the
-//! action. Both drop data, so with auth on they need the `delete` scope on the stream.
-//! The stream service does the work (`Engine::trim`, `Engine::set_retention`).
+//! action. Trim and retention drop data, so with auth on they need the `delete` scope
+//! on the stream. The stream service does the work (`Engine::trim`,
+//! `Engine::set_retention`).
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, Request, Response, StatusCode};
+use axum::http::{header, Method, Request, Response, StatusCode};
 use picomq_engine::config::RETENTION_SECS_MAX;
 use picomq_engine::Offset;
 use serde_json::json;
@@ -22,6 +27,7 @@ use crate::auth::{Op, Principal};
 use crate::ds::{percent_decode, stream_name};
 use crate::error::ApiError;
 use crate::headers;
+use crate::records;
 use crate::AppState;
 
 /// Route of both endpoints: everything after it is `{name}/{action}`.
@@ -31,8 +37,11 @@ const PREFIX: &str = "/__picomq/streams/";
 #[derive(Debug, PartialEq, Eq)]
 enum Action {
     Trim { before: Offset },
+    TrimSeq { before: u64 },
     Retention { secs: Option<u64> },
 }
+
+const ACTIONS: [&str; 4] = ["trim", "retention", "records", "info"];
 
 /// The stream name (as addressed, percent-escapes kept) and the action of a path.
 fn target(path: &str, max_name_bytes: usize) -> Result<(String, &str), ApiError> {
@@ -41,11 +50,11 @@ fn target(path: &str, max_name_bytes: usize) -> Result<(String, &str), ApiError>
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            "no such endpoint: use POST /__picomq/streams/{name}/trim?before=OFFSET or /__picomq/streams/{name}/retention?seconds=N",
+            "no such endpoint: use /__picomq/streams/{name}/ and trim, retention, records or info",
         )
     };
     let (name, action) = rest.rsplit_once('/').ok_or_else(not_found)?;
-    if action != "trim" && action != "retention" {
+    if !ACTIONS.contains(&action) {
         return Err(not_found());
     }
     Ok((stream_name(&format!("/{name}"), max_name_bytes)?, action))
@@ -63,6 +72,13 @@ fn action(action: &str, raw: Option<&str>) -> Result<Action, ApiError> {
         let (key, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v)
             .ok_or_else(|| ApiError::bad_request(format!("query parameter {key} is malformed")))?;
+        if action == "trim" && key == "before_seq" {
+            if value.is_some() {
+                return Err(ApiError::bad_request("give before or before_seq, once"));
+            }
+            let before = headers::strict_uint(&v, "before_seq", u64::MAX >> 1)?;
+            return Ok(Action::TrimSeq { before });
+        }
         if key != wanted {
             return Err(ApiError::bad_request(format!(
                 "unknown query parameter {key:?}; {action} takes only {wanted}"
@@ -93,18 +109,89 @@ pub async fn handle(
     State(app): State<Arc<AppState>>,
     request: Request<Body>,
 ) -> Result<Response<Body>, ApiError> {
-    let (parts, _body) = request.into_parts();
-    let principal = parts.extensions.get::<Principal>();
+    let (mut parts, body) = request.into_parts();
+    let principal = parts.extensions.remove::<Principal>();
     let (mut name, verb) = target(parts.uri.path(), app.engine.config().stream_name_bytes_max)?;
+    let native = verb == "records" || verb == "info";
+    let allowed = if native {
+        records::allowed(verb, &parts.method)
+    } else {
+        parts.method == Method::POST
+    };
+    if !allowed {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} is not allowed on .../{verb}", parts.method),
+        ));
+    }
     let shown = name.clone();
+    let op = match (verb, &parts.method) {
+        ("records", &Method::POST) => Op::Append,
+        ("records" | "info", _) => Op::Read,
+        _ => Op::Delete,
+    };
     if let Some(auth) = &app.auth {
-        name = auth.authorize_stream(principal, Op::Delete, name)?;
+        name = auth.authorize_stream(principal.as_ref(), op, name)?;
+    }
+    let query = parts.uri.query().map(str::to_string);
+    let action = if native {
+        None
+    } else {
+        Some(action(verb, query.as_deref())?)
+    };
+    let body = if verb == "records" && parts.method == Method::POST {
+        records::read_append_body(&app, body).await?
+    } else {
+        bytes::Bytes::new()
+    };
+    if app.cluster.is_some() {
+        let routed = Box::pin(crate::cluster::route(
+            &app,
+            &name,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            Body::from(body.clone()),
+        ))
+        .await?;
+        if let crate::cluster::Decision::Answered(r) = routed {
+            return Ok(r);
+        }
     }
     let name = picomq_engine::StreamName::new(name, app.engine.config().stream_name_bytes_max)?;
-    let body = match action(verb, parts.uri.query())? {
+    let Some(action) = action else {
+        return match verb {
+            "info" => records::info(&app, name, &shown).await,
+            _ if parts.method == Method::POST => {
+                records::append(&app, name, &shown, &parts.headers, body).await
+            }
+            _ => records::read(&app, name, query.as_deref(), principal).await,
+        };
+    };
+    let body = match action {
         Action::Trim { before } => {
             let start = app.engine.trim(&name, before).await?;
             json!({ "stream": shown, "start": start.to_string() })
+        }
+        Action::TrimSeq { before } => {
+            let stream = app.engine.stream(&name).await?;
+            let tail = stream.handle.view().tail_seq;
+            if before > tail {
+                return Err(ApiError::bad_request(format!(
+                    "before_seq {before} is past the stream's next sequence number, {tail}"
+                )));
+            }
+            let at = app
+                .engine
+                .seek(&stream, picomq_engine::Seek::Seq(before))
+                .await?;
+            let start = app.engine.trim(&name, at.offset).await?;
+            let first = app
+                .engine
+                .first_record(&app.engine.stream(&name).await?)
+                .await?;
+            json!({ "stream": shown, "start": start.to_string(), "first_seq": first.seq })
         }
         Action::Retention { secs } => {
             app.engine.set_retention(&name, secs).await?;
@@ -142,6 +229,7 @@ mod tests {
         for bad in [
             "/__picomq/streams/trim",
             "/__picomq/streams/a/cut",
+            "/__picomq/streams/records",
             "/__picomq/streams/a/../trim",
             "/__picomq/streams//trim",
         ] {
@@ -157,6 +245,10 @@ mod tests {
             Action::Trim { before: Offset(7) }
         );
         assert_eq!(
+            action("trim", Some("before_seq=12")).unwrap(),
+            Action::TrimSeq { before: 12 }
+        );
+        assert_eq!(
             action("retention", Some("seconds=60")).unwrap(),
             Action::Retention { secs: Some(60) }
         );
@@ -169,6 +261,8 @@ mod tests {
             ("trim", Some("before=12")),
             ("trim", Some("before=-1")),
             ("trim", Some(&*format!("before={off}&x=1"))),
+            ("trim", Some(&*format!("before={off}&before_seq=1"))),
+            ("trim", Some("before_seq=-1")),
             ("retention", Some("seconds=0")),
             ("retention", Some("seconds=-5")),
             ("retention", Some("seconds=1e3")),

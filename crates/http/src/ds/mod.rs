@@ -2,10 +2,10 @@
 //! GET / HEAD / DELETE onto the stream service. Parsing lives in `headers` and
 //! `query`, error mapping in `error`; handlers only wire them together.
 
-mod query;
+pub(crate) mod query;
 mod read;
-mod sse;
-mod write;
+pub(crate) mod sse;
+pub(crate) mod write;
 
 use std::sync::Arc;
 

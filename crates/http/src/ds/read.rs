@@ -86,6 +86,15 @@ pub async fn get(
         params.offset = Some(at.map_or_else(|| "-1".to_string(), |o| o.to_string()));
     }
     let live = Live::parse(params.live.as_deref())?;
+    if let Some(t) = params.timestamp {
+        // A read by time is a read from the offset of the first append at or after it.
+        let stream = app.engine.stream(&name).await?;
+        let at = app
+            .engine
+            .seek(&stream, picomq_engine::Seek::Time(t))
+            .await?;
+        params.offset = Some(at.offset.to_string());
+    }
     if live != Live::CatchUp && params.offset.is_none() {
         return Err(ApiError::bad_request(
             "live reads need an offset (use -1 for the beginning, now for the tail)",

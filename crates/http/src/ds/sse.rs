@@ -83,7 +83,7 @@ pub fn respond(
 /// Why the event loop stopped early: the server is shutting down, the credential
 /// ended, or the stream went away.
 #[derive(Debug, thiserror::Error)]
-enum Stop {
+pub(crate) enum Stop {
     #[error("server shutting down")]
     ShuttingDown,
     #[error("the credential was revoked or expired")]
@@ -93,7 +93,7 @@ enum Stop {
 }
 
 /// The credential an SSE connection was opened with, watched for as long as it runs.
-struct Credential {
+pub(crate) struct Credential {
     auth: Arc<Auth>,
     principal: Principal,
     revocations: watch::Receiver<u64>,
@@ -101,7 +101,7 @@ struct Credential {
 
 impl Credential {
     /// `None` with `--auth off`: nothing to watch.
-    fn new(app: &AppState, principal: Principal) -> Option<Credential> {
+    pub(crate) fn new(app: &AppState, principal: Principal) -> Option<Credential> {
         let auth = app.auth.clone()?;
         let revocations = auth.revocations();
         Some(Credential {
@@ -111,7 +111,7 @@ impl Credential {
         })
     }
 
-    fn check(&self) -> Result<(), Stop> {
+    pub(crate) fn check(&self) -> Result<(), Stop> {
         if self.auth.still_valid(&self.principal, self.auth.now_ms()) {
             Ok(())
         } else {

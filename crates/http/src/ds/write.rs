@@ -196,7 +196,7 @@ async fn check_namespace_quota(
     }
 }
 
-fn producer(app: &AppState, headers: &HeaderMap) -> Result<Option<Producer>, ApiError> {
+pub(crate) fn producer(app: &AppState, headers: &HeaderMap) -> Result<Option<Producer>, ApiError> {
     let id = headers::text(headers, &PRODUCER_ID)?;
     let epoch = headers::text(headers, &PRODUCER_EPOCH)?;
     let seq = headers::text(headers, &PRODUCER_SEQ)?;
@@ -250,6 +250,8 @@ pub async fn append(
             close,
             stream_seq,
             producer,
+            records: None,
+            match_seq: None,
         })
         .await?;
     if let Some(name) = watched {
@@ -260,6 +262,7 @@ pub async fn append(
             tail,
             closed,
             producer,
+            ..
         } => {
             let status = if has_producer && has_body {
                 StatusCode::OK
