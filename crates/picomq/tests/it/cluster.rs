@@ -82,6 +82,73 @@ async fn streams_spread_evenly_and_every_node_answers_for_every_stream() {
             assert_eq!(body, b"0;1;2;", "{path} through {}", node.url);
         }
     }
+    // So does the native record API: appends numbered on from the Durable Streams
+    // records, reads by number and time, info, trims, through any member.
+    for i in 0..10 {
+        let records = format!("/__picomq/streams/spread/s{i}/records");
+        for (k, node) in cluster.nodes.iter().enumerate() {
+            let batch = serde_json::json!({"records": [{"body": format!("n{k};"), "headers": [["k", k.to_string()]]}]});
+            let r = node
+                .client
+                .post(&records, &[], batch.to_string())
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            let ack: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(ack["first_seq"], 3 + k as u64, "{ack}");
+        }
+        for node in &cluster.nodes {
+            let r = node
+                .client
+                .get(&format!("{records}?seq=2&count=3"))
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+            let page: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            let bodies: Vec<&str> = page["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["body"].as_str().unwrap())
+                .collect();
+            assert_eq!(bodies, ["2;", "n0;", "n1;"], "through {}", node.url);
+            assert_eq!(
+                page["records"][1]["headers"],
+                serde_json::json!([["k", "0"]])
+            );
+            let t = page["records"][2]["timestamp"].as_u64().unwrap();
+            let r = node
+                .client
+                .get(&format!("{records}?timestamp={t}&count=1"))
+                .await
+                .unwrap();
+            let at: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert!(at["records"][0]["seq"].as_u64().unwrap() <= 4, "{at}");
+        }
+        let r = cluster
+            .node(i % 3)
+            .client
+            .post(
+                &format!("/__picomq/streams/spread/s{i}/trim?before_seq=4"),
+                &[],
+                "",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        let r = cluster
+            .node((i + 1) % 3)
+            .client
+            .get(&format!("/__picomq/streams/spread/s{i}/info"))
+            .await
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            (info["first_seq"].as_u64(), info["next_seq"].as_u64()),
+            (Some(4), Some(6)),
+            "{info}"
+        );
+    }
     cluster.shut_down().await;
 }
 
