@@ -9,6 +9,7 @@ mod group;
 mod lifecycle;
 mod node;
 mod progress;
+mod records;
 mod tail;
 mod token;
 
@@ -59,6 +60,12 @@ pub enum ClientCommand {
     /// Take messages from a consumer group: print each (or run --exec on it) and
     /// acknowledge it; a failed --exec hands it back.
     Consume(group::ConsumeArgs),
+    /// Records with sequence numbers, timestamps and headers (the native API):
+    /// append stdin's lines, read from a number, a time or the tail, show info.
+    Records {
+        #[command(subcommand)]
+        command: records::RecordsCommand,
+    },
 }
 
 pub async fn run(command: ClientCommand) -> ExitCode {
@@ -74,6 +81,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Node { command } => command.conn().output,
         ClientCommand::Group { command } => command.conn().output,
         ClientCommand::Consume(a) => a.conn.output,
+        ClientCommand::Records { command } => command.conn().output,
     };
     let result = match command {
         ClientCommand::Create(a) => lifecycle::create(a).await,
@@ -89,6 +97,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Node { command } => node::run(command).await,
         ClientCommand::Group { command } => group::run(command).await,
         ClientCommand::Consume(a) => group::consume(a).await,
+        ClientCommand::Records { command } => records::run(command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -566,3 +566,64 @@ async fn bad_requests_get_a_clear_error() {
     assert_eq!(info["records"], 0);
     assert!(info.get("first_timestamp").is_none(), "{info}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_appends_and_reads_records() {
+    let dir = TempDir::new("native-cli");
+    let server = Server::start(dir.path(), &[]).await;
+    let cli = support::cli::Cli::new(&server.url);
+    assert_eq!(cli.run(&["create", "cli/r"]).await.code, 0);
+    let lines: String = (0..2500).map(|i| format!("line {i}\n")).collect();
+    let run = cli
+        .run_with_stdin(
+            &[
+                "records", "append", "cli/r", "--header", "type=log", "--output", "json",
+            ],
+            lines.as_bytes(),
+        )
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json(), json!({"first_seq": 0, "last_seq": 2499}));
+    let run = cli
+        .run(&[
+            "records", "read", "cli/r", "--seq", "1234", "--limit", "2", "--output", "json",
+        ])
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let got: Vec<Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        (got[0]["seq"].as_u64(), got[0]["body"].as_str()),
+        (Some(1234), Some("line 1234"))
+    );
+    assert_eq!(got[1]["headers"], json!([["type", "log"]]));
+    let all = cli.run(&["records", "read", "cli/r"]).await;
+    assert_eq!(all.stdout.lines().count(), 2500, "a read pages to the tail");
+    let tail = cli.run(&["records", "read", "cli/r", "--tail", "1"]).await;
+    assert!(
+        tail.stdout.starts_with("2499 ") && tail.stdout.trim_end().ends_with("type=log line 2499"),
+        "{tail:?}"
+    );
+    let info = cli
+        .run(&["records", "info", "cli/r", "--output", "json"])
+        .await;
+    assert_eq!(info.json()["records"], 2500);
+    // Exit codes as for every command: 3 no such stream, 4 a failed condition, 2 bad input.
+    assert_eq!(cli.run(&["records", "read", "cli/none"]).await.code, 3);
+    assert_eq!(
+        cli.run_with_stdin(&["records", "append", "cli/r", "--match-seq", "0"], b"x\n")
+            .await
+            .code,
+        4
+    );
+    assert_eq!(
+        cli.run(&["records", "read", "cli/r", "--timestamp", "soon"])
+            .await
+            .code,
+        2
+    );
+}
