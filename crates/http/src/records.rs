@@ -324,28 +324,34 @@ pub async fn read(
 }
 
 /// Where a read starts: a record boundary and the number of the record there.
+/// Numbers are dense, so a number below the tail that a seek does not find exactly
+/// was trimmed; only a read from the start asks for the first record.
 async fn start(app: &AppState, stream: &StreamRef, from: &From) -> Result<(Offset, u64), ApiError> {
     let engine = &app.engine;
-    let first = engine.first_record(stream).await?;
-    let seek = |target| async move { engine.seek(stream, target).await };
     let at = match *from {
-        From::First => first,
-        From::Seq(n) if n < first.seq => {
-            return Err(ApiError::new(
-                StatusCode::GONE,
-                "trimmed",
-                format!(
-                    "record {n} was trimmed; the first retained record is {}",
-                    first.seq
-                ),
-            )
-            .with_json_field("first_seq", json!(first.seq)))
+        From::First => engine.first_record(stream).await?,
+        From::Seq(n) => {
+            let at = engine.seek(stream, Seek::Seq(n)).await?;
+            if at.seq > n {
+                return Err(ApiError::new(
+                    StatusCode::GONE,
+                    "trimmed",
+                    format!(
+                        "record {n} was trimmed; the first retained record is {}",
+                        at.seq
+                    ),
+                )
+                .with_json_field("first_seq", json!(at.seq)));
+            }
+            at
         }
-        From::Seq(n) => seek(Seek::Seq(n)).await?,
-        From::Time(t) => seek(Seek::Time(t)).await?,
+        From::Time(t) => engine.seek(stream, Seek::Time(t)).await?,
+        // Past what is retained, a seek lands on the first retained record.
         From::Tail(n) => {
             let tail = stream.handle.view().tail_seq;
-            seek(Seek::Seq(tail.saturating_sub(n).max(first.seq))).await?
+            engine
+                .seek(stream, Seek::Seq(tail.saturating_sub(n)))
+                .await?
         }
         From::Offset(q) => {
             let from = engine.read_start(stream, q).await?.from;
