@@ -212,19 +212,8 @@ pub async fn handle(
         stream = auth.authorize_stream(principal.as_ref(), Op::Read, stream)?;
     }
     let body = crate::ds::read_body(body, 64 << 10, app.body_read_timeout).await?;
-    if app.cluster.is_some() {
-        let routed = Box::pin(crate::cluster::route(
-            &app,
-            &stream,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            Body::from(body.clone()),
-        ))
-        .await?;
-        if let crate::cluster::Decision::Answered(r) = routed {
-            return Ok(r);
-        }
+    if let Some(r) = crate::cluster::answered_elsewhere(&app, &stream, &parts, &body).await? {
+        return Ok(r);
     }
     let positions = &app.positions;
     match parts.method {

@@ -145,19 +145,8 @@ pub async fn handle(
     } else {
         bytes::Bytes::new()
     };
-    if app.cluster.is_some() {
-        let routed = Box::pin(crate::cluster::route(
-            &app,
-            &name,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            Body::from(body.clone()),
-        ))
-        .await?;
-        if let crate::cluster::Decision::Answered(r) = routed {
-            return Ok(r);
-        }
+    if let Some(r) = crate::cluster::answered_elsewhere(&app, &name, &parts, &body).await? {
+        return Ok(r);
     }
     let name = picomq_engine::StreamName::new(name, app.engine.config().stream_name_bytes_max)?;
     let Some(action) = action else {

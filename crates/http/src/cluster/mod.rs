@@ -96,6 +96,32 @@ pub enum Decision {
     Answered(Response<Body>),
 }
 
+/// [`route`] for a handler that has read its (small) body already: `Some` answer
+/// when another member answered for the stream, `None` to serve it here.
+pub async fn answered_elsewhere(
+    app: &Arc<AppState>,
+    name: &str,
+    parts: &axum::http::request::Parts,
+    body: &bytes::Bytes,
+) -> Result<Option<Response<Body>>, ApiError> {
+    if app.cluster.is_none() {
+        return Ok(None);
+    }
+    let routed = Box::pin(route(
+        app,
+        name,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        Body::from(body.clone()),
+    ))
+    .await?;
+    Ok(match routed {
+        Decision::Here(_) => None,
+        Decision::Answered(r) => Some(r),
+    })
+}
+
 /// Routes a stream request: `Here` when this member serves the stream (or no
 /// cluster), else the owner's answer.
 pub async fn route(

@@ -195,19 +195,8 @@ pub async fn handle(
         _ => Op::Subscribe,
     };
     authorize(&app, principal.as_ref(), op, &stream)?;
-    if app.cluster.is_some() {
-        let routed = Box::pin(crate::cluster::route(
-            &app,
-            &stream,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
-            Body::from(body.clone()),
-        ))
-        .await?;
-        if let crate::cluster::Decision::Answered(r) = routed {
-            return Ok(r);
-        }
+    if let Some(r) = crate::cluster::answered_elsewhere(&app, &stream, &parts, &body).await? {
+        return Ok(r);
     }
     let groups = &app.groups;
     match (&parts.method, action) {
