@@ -42,6 +42,9 @@ pub enum TableCommand {
     Groups(crate::consumers::GroupsArgs),
     /// Webhook deliveries per second of Durable Streams subscriptions.
     Webhooks(crate::consumers::WebhooksArgs),
+    /// PicoMQ's native record API against the Durable Streams path: appends,
+    /// catch-up reads, and reads by time (each answer checked).
+    Native(crate::native::NativeArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

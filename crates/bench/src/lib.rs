@@ -8,6 +8,8 @@
 //! - [`driver`]: the append workload (writers, live readers, catch-up reads);
 //! - [`live`]: SSE and long-poll readers for end-to-end latency;
 //! - [`scale`]: the create-many-streams workload;
+//! - [`consumers`]: consumer groups and webhooks (`bench groups`, `bench webhooks`);
+//! - [`native`]: the native record API against the Durable Streams path (`bench native`);
 //! - [`stats`], [`progress`]: recording and the progress line;
 //! - [`server_metrics`], [`proc`]: what the server says (/metrics) and costs (/proc);
 //! - [`report`]: the report, as text or JSON, and the comparison tables.
@@ -19,6 +21,7 @@ pub mod driver;
 pub mod h1;
 pub mod h2c;
 pub mod live;
+pub mod native;
 pub mod pacer;
 pub mod payload;
 pub mod proc;
@@ -54,6 +57,7 @@ pub async fn run(args: BenchArgs) -> ExitCode {
     let result = match args.table {
         Some(TableCommand::Groups(a)) => consumers::run_groups(a).await.map(|()| true),
         Some(TableCommand::Webhooks(a)) => consumers::run_webhooks(a).await.map(|()| true),
+        Some(TableCommand::Native(a)) => native::run_native(a).await,
         Some(table) => print_table(table),
         None => match Workload::from_args(&args.run) {
             Ok(w) => run_workload(w)
@@ -139,7 +143,7 @@ fn print_table(table: TableCommand) -> Result<bool, BenchError> {
     match table {
         TableCommand::Compare { reports } => print!("{}", report::compare_table(&load(&reports)?)),
         TableCommand::Curve { reports } => print!("{}", report::curve_table(&load(&reports)?)),
-        TableCommand::Groups(_) | TableCommand::Webhooks(_) => {
+        TableCommand::Groups(_) | TableCommand::Webhooks(_) | TableCommand::Native(_) => {
             unreachable!("run, not tables")
         }
     }

@@ -318,3 +318,64 @@ fn compare_prints_a_ratio_for_each_figure() {
     assert!(table.contains("3.00x"), "{table}");
     assert!(table.contains("1.00x"), "{table}");
 }
+
+/// `bench native` on a tiny configuration: every part runs, both paths acknowledge
+/// appends, both catch-up reads read every record, and every read by time finds the
+/// record the fill's acknowledgements say it must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_benchmark_runs_every_part_and_finds_every_record() {
+    let dir = TempDir::new("bench-native");
+    let server = Server::start_process(dir.path(), &[]).await;
+    let pid = server.pid().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_picomq"))
+        .args([
+            "bench",
+            "native",
+            "--url",
+            &server.url,
+            "--server-pid",
+            &pid,
+        ])
+        .args(["--writers", "2", "--record-bytes", "100", "--batch", "1,10"])
+        .args(["--duration", "300ms", "--warmup", "100ms"])
+        .args(["--read-records", "3000", "--read-count", "100"])
+        .args([
+            "--seek-records",
+            "5000",
+            "--fill-writers",
+            "2",
+            "--fill-batch",
+            "100",
+        ])
+        .args(["--seeks", "20"])
+        .output()
+        .expect("run picomq bench native");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "picomq bench native failed ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for case in [
+        "100 B x    1 native",
+        "100 B x    1 ds",
+        "100 B x   10 native",
+    ] {
+        let line = text.lines().find(|l| l.contains(case)).unwrap_or_else(|| {
+            panic!("no line for {case}:\n{text}");
+        });
+        assert!(line.contains(" 0 errors"), "{line}");
+    }
+    assert!(text.contains("(30 requests, 100 records each"), "{text}");
+    for kind in ["native count=1 ", "native count=1 bytes=1", "ds timestamp"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(kind))
+            .unwrap_or_else(|| {
+                panic!("no line for {kind}:\n{text}");
+            });
+        assert!(line.contains("; 0 mismatches of 20"), "{line}");
+    }
+    assert!(text.trim_end().ends_with("result: ok"), "{text}");
+}
