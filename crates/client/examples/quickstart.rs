@@ -12,6 +12,8 @@ use futures::StreamExt;
 use picomq_client::{CreateOptions, FollowOptions, NewRecord, PicoMq, ProducerConfig, ReadFrom};
 use serde_json::json;
 
+// An application reads the wall clock (the server's own code goes through its Clock).
+#[allow(clippy::disallowed_methods)]
 #[tokio::main]
 async fn main() -> Result<(), picomq_client::Error> {
     let mq = PicoMq::new("http://127.0.0.1:4437");
