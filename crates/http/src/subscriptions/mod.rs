@@ -429,6 +429,51 @@ async fn describe(app: &AppState, sub: &Arc<manager::Sub>) -> Result<Value, ApiE
         .await
 }
 
+/// `GET /__picomq/subscriptions`: the subscriptions a token may manage (the
+/// `subscribe` scope on their path), as `{"subscriptions": [{"path"}]}` in name
+/// order, at most `SUBSCRIPTIONS_LISTED_MAX`. Each one's state is then a `GET` of
+/// its path (routed to the member serving it).
+pub const LIST_PATH: &str = "/__picomq/subscriptions";
+const SUBSCRIPTIONS_LISTED_MAX: usize = 1_000;
+
+pub async fn list(
+    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
+    principal: Option<axum::Extension<Principal>>,
+) -> Result<Response<Body>, ApiError> {
+    let viewer = match &app.auth {
+        None => None,
+        Some(auth) => Some(auth.require_op(principal.as_deref(), Op::Subscribe)?),
+    };
+    let namespace = viewer.as_ref().map_or("", |t| t.namespace.as_str());
+    let prefix = manager::state_stream(namespace);
+    let mut paths = Vec::new();
+    let mut after = String::new();
+    'pages: loop {
+        let page = app.engine.list(&prefix, &after, 500).await?;
+        for s in &page.streams {
+            let path = &s.name[manager::STATE_PREFIX.len()..];
+            if viewer
+                .as_ref()
+                .is_some_and(|t| !t.allows(Op::Subscribe, path))
+            {
+                continue;
+            }
+            paths.push(json!({ "path": path.strip_prefix(namespace).unwrap_or(path) }));
+            if paths.len() == SUBSCRIPTIONS_LISTED_MAX {
+                break 'pages;
+            }
+        }
+        match page.next {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "subscriptions": paths }),
+    ))
+}
+
 /// `POST /__picomq/webhook-keys/rotate` (the admin scope): a new signing key
 /// becomes the active one; every earlier key stays in the JWK Set.
 pub const ROTATE_PATH: &str = "/__picomq/webhook-keys/rotate";
