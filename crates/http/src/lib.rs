@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod console;
 pub mod cursor;
 pub mod digits;
 pub mod ds;
@@ -196,7 +197,7 @@ pub fn router(engine: Engine, config: HttpConfig) -> Api {
 }
 
 /// The API's service, and the admin router for `--admin-listen` (`/metrics`,
-/// `/healthz` and `/readyz` only), sharing one state.
+/// `/healthz`, `/readyz` and the console's files only), sharing one state.
 pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     let edge = match (&config.cluster, engine.cluster()) {
         (Some(routing), Some(_)) => {
@@ -260,7 +261,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::metrics));
+        .route("/metrics", get(metrics::metrics))
+        .merge(console::routes());
     let api = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -287,6 +289,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
         .route(groups::PATH, get(groups::list))
         .route(subscriptions::ROTATE_PATH, post(subscriptions::rotate))
+        .route(subscriptions::LIST_PATH, get(subscriptions::list))
+        .merge(console::routes())
         .route(groups::ITEM_PATH, any(groups::handle))
         .route(positions::PATH, any(positions::handle))
         .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))

@@ -17,6 +17,7 @@ mod cli_tokens;
 mod cluster;
 mod cold_reads;
 mod compaction;
+mod console;
 mod consumer_groups;
 mod gc;
 mod graceful_shutdown;
