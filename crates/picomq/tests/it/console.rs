@@ -45,7 +45,10 @@ async fn check_files(client: &Client, port_name: &str) {
         // in any file (the page's requests are all to its own server).
         let text = r.text();
         for needle in ["http://", "https://", "src=\"//", "href=\"//", "url(//"] {
-            assert!(!text.contains(needle), "{port_name} {path} refers to {needle}");
+            assert!(
+                !text.contains(needle),
+                "{port_name} {path} refers to {needle}"
+            );
         }
         total += r.body.len();
 
