@@ -565,6 +565,15 @@ pub async fn info(
         "next_offset": view.tail.to_string(),
         "closed": view.closed,
     });
+    if let Some((source, point, point_seq)) = app.engine.fork_source(&stream).await? {
+        // Named as the caller names streams: relative to its token's namespace.
+        let namespace = name.as_str().strip_suffix(shown).unwrap_or("");
+        body["forked_from"] = json!({
+            "stream": source.strip_prefix(namespace).unwrap_or(&source),
+            "offset": point.to_string(),
+            "seq": point_seq,
+        });
+    }
     if let Some(ts) = first.ts_ms {
         body["first_timestamp"] = json!(ts);
         body["last_timestamp"] = json!(stream.handle.lock().last_ts_ms.max(ts));

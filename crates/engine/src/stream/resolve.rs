@@ -323,6 +323,19 @@ impl Service {
         Ok(start)
     }
 
+    /// Where a fork came from: its source's name, the offset its own data begins at
+    /// and that record's sequence number. `None` for a stream that is not a fork (or
+    /// whose source is gone for good).
+    pub async fn fork_source(&self, stream: &StreamRef) -> Result<Option<(String, Offset, u64)>> {
+        let Some(origin) = stream.handle.config.fork.clone() else {
+            return Ok(None);
+        };
+        Ok(self
+            .source_handle(origin.source_id)
+            .await?
+            .map(|source| (source.config.name.clone(), origin.point, origin.point_seq)))
+    }
+
     /// Marks a read or write access (slides the TTL).
     pub fn touch(&self, stream: &StreamRef) {
         stream.handle.touch(self.inner.clock.now_ms());

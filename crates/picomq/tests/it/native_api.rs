@@ -200,6 +200,17 @@ async fn records_written_through_one_api_read_through_the_other_byte_for_byte() 
     assert_eq!(seqs(&page), [3, 4, 5]);
     assert_eq!(page["records"][2]["body"], "\"mine\"");
     assert_eq!(read(&c, "f", "tail=1").await["records"][0]["seq"], 5);
+    // Its metadata names its source and where its own records begin (the source's
+    // tail when it was forked).
+    let fork_info = body(&c.get("/__picomq/streams/f/info").await.unwrap());
+    assert_eq!(fork_info["forked_from"]["stream"], "j", "{fork_info}");
+    assert_eq!(fork_info["forked_from"]["seq"], 5, "{fork_info}");
+    assert_eq!(
+        fork_info["forked_from"]["offset"], info["next_offset"],
+        "{fork_info}"
+    );
+    let r = c.get("/__picomq/streams/j/info").await.unwrap();
+    assert!(body(&r).get("forked_from").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
