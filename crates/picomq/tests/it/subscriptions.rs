@@ -433,3 +433,92 @@ async fn with_auth_subscriptions_need_their_scopes() {
         .unwrap();
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
 }
+
+/// `GET /__picomq/subscriptions` lists, by name, the subscriptions a token may
+/// manage (the `subscribe` scope on their paths), each path as it is addressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subscription_list_shows_what_a_token_may_manage() {
+    let dir = TempDir::new("sub-list");
+    let server = support::start_with_auth(dir.path(), &[]).await;
+    let c = &server.client;
+    let admin = support::bearer(support::ADMIN_SECRET);
+    let ah = [
+        ("content-type", "application/json"),
+        ("authorization", admin.as_str()),
+    ];
+    for (root, id) in [("v1", "b"), ("team", "jobs"), ("v1", "a")] {
+        let r = c.put(&format!("/{root}/wake"), &ah, "[]").await.unwrap();
+        assert!(r.status.is_success(), "{}", r.text());
+        let body = json!({"type": "pull-wake", "streams": [format!("{root}/q")],
+            "wake_stream": format!("{root}/wake")});
+        let r = c
+            .put(
+                &format!("/{root}/__ds/subscriptions/{id}"),
+                &ah,
+                body.to_string(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+    }
+    let list = |token: String| async move {
+        let auth = support::bearer(&token);
+        let r = c
+            .send(
+                picomq_client::HttpMethod::GET,
+                "/__picomq/subscriptions",
+                &[("authorization", auth.as_str())],
+                "",
+            )
+            .await
+            .unwrap();
+        (r.status.as_u16(), r.text())
+    };
+    let (status, body) = list(support::ADMIN_SECRET.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let paths: Vec<String> = serde_json::from_str::<Value>(&body).unwrap()["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "team/__ds/subscriptions/jobs",
+            "v1/__ds/subscriptions/a",
+            "v1/__ds/subscriptions/b"
+        ]
+    );
+    // Each listed path is where the subscription is read.
+    for p in &paths {
+        let r = c
+            .send(
+                picomq_client::HttpMethod::GET,
+                &format!("/{p}"),
+                &[("authorization", admin.as_str())],
+                "",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 200, "{p}: {}", r.text());
+    }
+
+    let (_, team) = support::issue_token(
+        c,
+        support::ADMIN_SECRET,
+        json!({"scopes": ["subscribe:team/**"]}),
+    )
+    .await;
+    let (status, body) = list(team).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"subscriptions": [{"path": "team/__ds/subscriptions/jobs"}]})
+    );
+    let (_, reader) =
+        support::issue_token(c, support::ADMIN_SECRET, json!({"scopes": ["read:**"]})).await;
+    assert_eq!(list(reader).await.0, 403);
+    let r = c.get("/__picomq/subscriptions").await.unwrap();
+    assert_eq!(r.status.as_u16(), 401, "{}", r.text());
+}
