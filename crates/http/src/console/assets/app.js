@@ -9,6 +9,9 @@ const TOKEN_KEY = "picomq.console.token";
 const THEME_KEY = "picomq.console.theme";
 const HISTORY_MS = 15 * 60 * 1000;
 const TAIL_KEEP = 300;
+// The live tail: records per poll, and the least time between polls.
+const TAIL_PAGE = 200;
+const TAIL_POLL_MS = 250;
 
 // ---------- small helpers ----------
 
@@ -672,7 +675,7 @@ pages.stream = (view, page) => {
       ["Expires at", hd.get("stream-expires-at") || "never"],
       ["Retention", hd.get("stream-retention") ? fmtSecs(hd.get("stream-retention")) : "keep everything"],
     ];
-    if (hd.get("stream-forked-from")) rows.push(["Forked from", hd.get("stream-forked-from") + " at " + (hd.get("stream-fork-offset") || "?")]);
+    if (i.forked_from) rows.push(["Forked from", `${i.forked_from.stream} at ${i.forked_from.offset} (record #${i.forked_from.seq} is its own first)`]);
     meta.replaceChildren(...rows.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { class: "mono", text: v || "–" })]));
     say(metaMsg, info.status === "rejected" ? "Record numbers unavailable: " + info.reason.message : "");
     closeBtn.disabled = page.meta.closed;
@@ -722,15 +725,26 @@ pages.stream = (view, page) => {
   const runTail = async () => {
     let from = "offset=now";
     say(tailMsg, "Following: new records appear here as soon as they are durable.", true);
+    let skipped = 0;
+    let metaAt = 0;
     while (following && !page.gone) {
       controller = new AbortController();
+      const asked = performance.now();
       try {
-        const r = await getJson(nativePath(name, "records") + "?" + from + "&live=long-poll&count=200", { signal: controller.signal });
+        const r = await getJson(nativePath(name, "records") + "?" + from + "&live=long-poll&count=" + TAIL_PAGE, { signal: controller.signal });
         for (const rec of r.records) tail.prepend(recordItem(rec, isJson()));
         while (tail.children.length > TAIL_KEEP) tail.lastChild.remove();
-        from = "seq=" + r.next_seq;
-        say(tailMsg, `Following: new records appear here as soon as they are durable (next seq ${r.next_seq}).`, true);
-        if (r.records.length) loadMeta();
+        // Faster than a person can read: jump to the tail rather than fall behind.
+        const behind = r.records.length >= TAIL_PAGE && !r.up_to_date;
+        from = behind ? "offset=now" : "seq=" + r.next_seq;
+        if (behind) skipped++;
+        say(tailMsg, `Following: new records appear here as soon as they are durable (next seq ${r.next_seq})` +
+          (skipped ? `; the stream runs faster than this page shows, so it jumped to the newest records ${skipped} times.` : "."), true);
+        // At most one poll per TAIL_POLL_MS: a busy stream costs the server a few
+        // requests a second, not one per append.
+        if (r.records.length) await new Promise((res) => setTimeout(res, Math.max(0, TAIL_POLL_MS - (performance.now() - asked))));
+        // The metadata (record count, offsets) follows at most every 2 s.
+        if (r.records.length && performance.now() - metaAt > 2000) { metaAt = performance.now(); loadMeta(); }
         if (r.closed) { say(tailMsg, "The stream is closed: nothing more will arrive.", true); following = false; }
       } catch (e) {
         if (e.name === "AbortError") break;
