@@ -196,10 +196,10 @@ try {
   await shot("overview");
   if (docs) {
     mkdirSync(docs, { recursive: true });
-    const small = await browser.newContext({ viewport: { width: 1000, height: 640 }, colorScheme: "light" });
+    const small = await browser.newContext({ viewport: { width: 1000, height: 760 }, colorScheme: "light" });
+    // Signed in before the page's script runs (it reads the token once, at start).
+    await small.addInitScript((t) => sessionStorage.setItem("picomq.console.token", t), adminToken);
     const p = await small.newPage();
-    await p.goto(api + "/__picomq/console");
-    await p.evaluate((t) => sessionStorage.setItem("picomq.console.token", t), adminToken);
     await p.goto(api + "/__picomq/console#/overview");
     await p.waitForTimeout(12000);
     await p.screenshot({ path: `${docs}/console-overview.png` });
@@ -207,6 +207,7 @@ try {
     await waitText("#tail-msg", /Following/, 8000, p);
     await appendJson({ id: 5, item: "shown in the live tail" });
     await waitText("#tail-list", /shown in the live tail/, 2000, p);
+    await p.waitForTimeout(1000); // the metadata follows the tail within 250 ms
     await p.screenshot({ path: `${docs}/console-stream.png` });
     console.log(`README screenshots written to ${docs}/console-overview.png and console-stream.png`);
     await small.close();
