@@ -320,6 +320,9 @@ pub async fn read(
     if params.live == Live::LongPoll && page.records.is_empty() && page.up_to_date && !page.closed {
         page = Page::read(app, &stream, at, &params, true).await?;
     }
+    if !page.records.is_empty() {
+        app.engine.bookmark(&stream, page.next_seq, page.next);
+    }
     Ok(crate::json_response(StatusCode::OK, page.json()))
 }
 
@@ -331,6 +334,10 @@ async fn start(app: &AppState, stream: &StreamRef, from: &From) -> Result<(Offse
     let at = match *from {
         From::First => engine.first_record(stream).await?,
         From::Seq(n) => {
+            // The next page of a reader paging by number: where its last page ended.
+            if let Some(offset) = engine.bookmarked(stream, n).await? {
+                return Ok((offset, n));
+            }
             let at = engine.seek(stream, Seek::Seq(n)).await?;
             if at.seq > n {
                 return Err(ApiError::new(
@@ -355,6 +362,23 @@ async fn start(app: &AppState, stream: &StreamRef, from: &From) -> Result<(Offse
         }
         From::Offset(q) => {
             let from = engine.read_start(stream, q).await?.from;
+            // A Durable Streams read starts at the append holding the offset; a record
+            // offset this API gave out (inside a JSON batch, say) starts at that record.
+            if let OffsetQuery::At(asked) = q {
+                if asked > from {
+                    let chunk = engine.read(stream, from, READ_BYTES_MAX).await?;
+                    let mut pos = from;
+                    for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
+                        if pos == asked {
+                            return Ok((pos, meta.seq));
+                        }
+                        if pos > asked {
+                            break;
+                        }
+                        pos = pos.advance(data.len() as u64);
+                    }
+                }
+            }
             return Ok((from, engine.seq_of(stream, from).await?));
         }
     };

@@ -89,7 +89,14 @@ pub struct State {
     /// takes out the ones it made durable under this lock, with the same update.
     op_waiters: Vec<OpWaiter>,
     next_waiter_key: u64,
+    /// Where recent reads of records ended: `(seq, offset)` of the record each would
+    /// read next, newest last, at most [`BOOKMARKS`]. A reader paging by sequence
+    /// number asks next for exactly one of these, and finds it without a seek.
+    bookmarks: Vec<(u64, Offset)>,
 }
+
+/// Read ends a stream remembers (one per reader paging through it at once, roughly).
+const BOOKMARKS: usize = 4;
 
 struct OpWaiter {
     op_no: u64,
@@ -175,6 +182,7 @@ impl StreamHandle {
                 indexed_op: 0,
                 op_waiters: Vec::new(),
                 next_waiter_key: 0,
+                bookmarks: Vec::new(),
             }),
             durable,
             last_access_ms: AtomicU64::new(last_access_ms),
@@ -310,6 +318,30 @@ impl StreamHandle {
             });
         }
         Some(out)
+    }
+
+    /// Remembers that record `seq` starts at `offset` (a record boundary below the
+    /// durable tail), where a read ended: the next page asks for it.
+    pub fn bookmark(&self, seq: u64, offset: Offset) {
+        let mut st = self.lock();
+        if st.bookmarks.iter().any(|&(s, _)| s == seq) {
+            return;
+        }
+        if st.bookmarks.len() == BOOKMARKS {
+            st.bookmarks.remove(0);
+        }
+        st.bookmarks.push((seq, offset));
+    }
+
+    /// Where record `seq` starts, if a recent read ended there. Numbers and offsets
+    /// of a record never change, but a trim may since have dropped it: the caller
+    /// checks the offset against the stream's start.
+    pub fn bookmarked(&self, seq: u64) -> Option<Offset> {
+        let st = self.lock();
+        st.bookmarks
+            .iter()
+            .find(|&&(s, _)| s == seq)
+            .map(|&(_, o)| o)
     }
 
     /// Where the first cached record at or after `target` starts (the durable tail if

@@ -9,6 +9,11 @@
 //! primary key: about 40 probes for a terabyte, and no index of its own that every
 //! append would pay for). A fork's inherited records are scanned from its first
 //! readable offset.
+//!
+//! A reader paging by number asks for exactly the record its last page ended
+//! before. A stream's handle remembers the last few such ends (`bookmark`), so the
+//! next page starts there without a seek; a trim since then shows as an offset
+//! below the stream's start, and the seek runs (and answers "trimmed").
 
 use std::sync::Arc;
 
@@ -105,6 +110,27 @@ impl Service {
             from = chunk.next;
         }
         Ok(tail)
+    }
+
+    /// Where record `seq` starts, without a seek, when a recent read of `stream`
+    /// ended there (see [`Service::bookmark`]) and it is still retained.
+    pub async fn bookmarked(&self, stream: &StreamRef, seq: u64) -> Result<Option<Offset>> {
+        let handle = &stream.handle;
+        let Some(offset) = handle.bookmarked(seq) else {
+            return Ok(None);
+        };
+        let view = handle.view();
+        let live = offset >= self.start_of(handle).await? && offset < view.tail;
+        Ok(live.then_some(offset))
+    }
+
+    /// Remembers where a read of `stream` ended: record `seq` starts at `offset`, a
+    /// record boundary (ignored at or past the durable tail, which a seek finds at
+    /// once). A reader paging by number then starts its next page there.
+    pub fn bookmark(&self, stream: &StreamRef, seq: u64, offset: Offset) {
+        if offset < stream.handle.view().tail {
+            stream.handle.bookmark(seq, offset);
+        }
     }
 
     /// The sequence number of the record starting at `pos` (a record boundary of

@@ -408,6 +408,81 @@ async fn reads_by_number_and_time_hold_across_compaction_trims_and_kill_9() {
     check_seeks(&c, 52, next + 1, per, &times).await;
 }
 
+/// A reader paging by number starts each page where its last one ended (the server
+/// remembers that point instead of seeking): pages must join up exactly, with the
+/// same records, offsets and times as one whole read, also when a page ends inside
+/// a Durable Streams batch, with two readers interleaved, and after trims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_by_number_joins_up_across_batches_readers_and_trims() {
+    let dir = TempDir::new("native-paging");
+    // No tail cache: without the remembered points every page would seek the index.
+    let server = Server::start(dir.path(), &["--tail-cache-bytes", "0"]).await;
+    let c = server.client.clone();
+    assert_eq!(c.put("/j", JSON, "").await.unwrap().status.as_u16(), 201);
+    // 60 Durable Streams appends of 3 messages each: records 0..180.
+    for b in 0..60 {
+        let batch: Vec<Value> = (0..3).map(|i| json!({"n": b * 3 + i})).collect();
+        let r = c
+            .post("/j", JSON, Value::Array(batch).to_string())
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    }
+    let whole = read(&c, "j", "seq=0&count=1000").await;
+    let whole = whole["records"].as_array().unwrap().clone();
+    assert_eq!(whole.len(), 180);
+    for (i, r) in whole.iter().enumerate() {
+        assert_eq!(r["seq"], i as u64);
+        assert_eq!(r["body"], format!("{{\"n\":{i}}}"));
+    }
+
+    // Two readers, pages of 7 and 11 (ending inside batches), interleaved.
+    let (mut a, mut b) = (0u64, 0u64);
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    while a < 180 || b < 180 {
+        for (at, got, count) in [(&mut a, &mut got_a, 7), (&mut b, &mut got_b, 11)] {
+            if *at >= 180 {
+                continue;
+            }
+            let page = read(&c, "j", &format!("seq={at}&count={count}")).await;
+            got.extend(page["records"].as_array().unwrap().iter().cloned());
+            *at = page["next_seq"].as_u64().unwrap();
+            // The next page, asked for by offset, starts at the same record.
+            if *at < 180 {
+                let q = format!("offset={}&count=1", page["next_offset"].as_str().unwrap());
+                assert_eq!(read(&c, "j", &q).await["records"][0]["seq"], *at);
+            }
+        }
+    }
+    assert_eq!(got_a, whole, "pages of 7");
+    assert_eq!(got_b, whole, "pages of 11");
+
+    // A page ends at record 40; a trim past it drops it: the next page is refused.
+    let page = read(&c, "j", "seq=33&count=7").await;
+    assert_eq!(page["next_seq"], 40);
+    let t = c
+        .post("/__picomq/streams/j/trim?before_seq=43", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(t.status.as_u16(), 200, "{}", t.text());
+    let r = c
+        .get(&format!("{}?seq=40", records_path("j")))
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 410, "{}", r.text());
+    assert_eq!(body(&r)["error"]["first_seq"], 43, "{}", r.text());
+    // A page ending exactly at the new start still reads on from there.
+    let page = read(&c, "j", "seq=43&count=7").await;
+    assert_eq!(page["next_seq"], 50);
+    let t = c
+        .post("/__picomq/streams/j/trim?before_seq=50", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(t.status.as_u16(), 200, "{}", t.text());
+    let page = read(&c, "j", "seq=50&count=3").await;
+    assert_eq!(page["records"].as_array().unwrap(), &whole[50..53]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_and_sse_follow_the_tail() {
     let dir = TempDir::new("native-live");
