@@ -340,7 +340,10 @@ impl SseParser {
                     first = false;
                 }
             }
-            events.push(event);
+            // A block without data (a `: comment`, such as a keep-alive) is no event.
+            if !first {
+                events.push(event);
+            }
         }
         events
     }
@@ -504,5 +507,16 @@ mod tests {
             assert_eq!(events[0].data, "caf\u{e9} \u{1f600}\nb", "split at {split}");
             assert_eq!(events[1].event, "control");
         }
+    }
+
+    #[test]
+    fn comments_and_blocks_without_data_are_no_events() {
+        let mut p = SseParser::default();
+        let events = p.feed(b": keep-alive\n\nevent: records\n\nevent: records\ndata:{}\n\n");
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(
+            (events[0].event.as_str(), events[0].data.as_str()),
+            ("records", "{}")
+        );
     }
 }
