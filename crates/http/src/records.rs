@@ -539,6 +539,7 @@ fn sse(
             {
                 return None;
             }
+            let waited = p.wait;
             let page = match Page::read(&p.app, &p.stream, p.from, &p.params, p.wait).await {
                 Ok(page) => page,
                 Err(e) => {
@@ -547,6 +548,14 @@ fn sse(
                 }
             };
             p.wait = page.up_to_date;
+            // A long-poll's time passed at the tail with nothing: a comment, so that
+            // proxies and clients see the connection is alive (EventSource ignores it).
+            if waited && page.records.is_empty() && page.up_to_date && !page.closed {
+                return Some((
+                    Ok::<_, Infallible>(Bytes::from_static(b": keep-alive\n\n")),
+                    p,
+                ));
+            }
             p.done = page.closed || page.until_reached;
             let next = (page.next, page.next_seq);
             if page.records.is_empty() && !p.done {

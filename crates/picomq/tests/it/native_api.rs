@@ -556,6 +556,31 @@ async fn long_poll_and_sse_follow_the_tail() {
         [0, 1, 2, 3, 4, 5],
         "every record once, in order, then the end"
     );
+
+    // An idle SSE gets a keep-alive comment every long-poll timeout, and no event.
+    c.put("/quiet", BYTES, "").await.unwrap();
+    let mut quiet = c
+        .open(
+            picomq_client::HttpMethod::GET,
+            &format!("{}?live=sse", records_path("quiet")),
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(quiet.status.as_u16(), 200);
+    let started = std::time::Instant::now();
+    let chunk = tokio::time::timeout(Duration::from_secs(6), quiet.next_chunk())
+        .await
+        .expect("a keep-alive within the long-poll timeout")
+        .unwrap()
+        .unwrap();
+    assert_eq!(&chunk[..], b": keep-alive\n\n");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "not before the timeout"
+    );
+    assert!(picomq_client::SseParser::default().feed(&chunk).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
