@@ -362,27 +362,42 @@ async fn start(app: &AppState, stream: &StreamRef, from: &From) -> Result<(Offse
         }
         From::Offset(q) => {
             let from = engine.read_start(stream, q).await?.from;
-            // A Durable Streams read starts at the append holding the offset; a record
-            // offset this API gave out (inside a JSON batch, say) starts at that record.
-            if let OffsetQuery::At(asked) = q {
-                if asked > from {
-                    let chunk = engine.read(stream, from, READ_BYTES_MAX).await?;
-                    let mut pos = from;
-                    for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
-                        if pos == asked {
-                            return Ok((pos, meta.seq));
-                        }
-                        if pos > asked {
-                            break;
-                        }
-                        pos = pos.advance(data.len() as u64);
-                    }
+            return Ok(match q {
+                OffsetQuery::At(asked) if asked > from => {
+                    record_in_append(app, stream, from, asked).await?
                 }
-            }
-            return Ok((from, engine.seq_of(stream, from).await?));
+                _ => (from, engine.seq_of(stream, from).await?),
+            });
         }
     };
     Ok((at.offset, at.seq))
+}
+
+/// Where a read from `asked`, inside the append that starts at `from`, begins. A
+/// Durable Streams read starts at the append; a record offset this API gave out
+/// (inside a JSON batch, say) starts at that record. Any other offset: the append.
+async fn record_in_append(
+    app: &AppState,
+    stream: &StreamRef,
+    from: Offset,
+    asked: Offset,
+) -> Result<(Offset, u64), EngineError> {
+    let chunk = app.engine.read(stream, from, READ_BYTES_MAX).await?;
+    let mut pos = from;
+    for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
+        if pos == asked {
+            return Ok((pos, meta.seq));
+        }
+        if pos > asked {
+            break;
+        }
+        pos = pos.advance(data.len() as u64);
+    }
+    let seq = match chunk.meta.first() {
+        Some(first) => first.seq,
+        None => app.engine.seq_of(stream, from).await?,
+    };
+    Ok((from, seq))
 }
 
 /// One page of records.

@@ -119,9 +119,8 @@ impl Service {
         let Some(offset) = handle.bookmarked(seq) else {
             return Ok(None);
         };
-        let view = handle.view();
-        let live = offset >= self.start_of(handle).await? && offset < view.tail;
-        Ok(live.then_some(offset))
+        // Only offsets below the tail are kept, and the tail never moves back.
+        Ok((offset >= self.start_of(handle).await?).then_some(offset))
     }
 
     /// Remembers where a read of `stream` ended: record `seq` starts at `offset`, a
