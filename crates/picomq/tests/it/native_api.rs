@@ -42,6 +42,23 @@ async fn read(c: &Client, stream: &str, query: &str) -> Value {
     body(&r)
 }
 
+/// A records SSE of `stream` from `start` (`seq=0`, or "" for the first record).
+async fn open_sse(c: &Client, stream: &str, start: &str) -> picomq_client::Streaming {
+    let query = [start, "live=sse"].join("&");
+    let path = format!("{}?{}", records_path(stream), query.trim_start_matches('&'));
+    let sse = c
+        .open(
+            picomq_client::HttpMethod::GET,
+            &path,
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sse.status.as_u16(), 200, "{path}");
+    sse
+}
+
 fn seqs(page: &Value) -> Vec<u64> {
     page["records"]
         .as_array()
@@ -513,16 +530,7 @@ async fn long_poll_and_sse_follow_the_tail() {
     );
 
     // SSE: one `records` event per page, resumable by next_seq.
-    let mut sse = c
-        .open(
-            picomq_client::HttpMethod::GET,
-            &format!("{}?seq=0&live=sse", records_path("live")),
-            &[],
-            bytes::Bytes::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(sse.status.as_u16(), 200);
+    let mut sse = open_sse(&c, "live", "seq=0").await;
     let mut parser = picomq_client::SseParser::default();
     let mut seen = Vec::new();
     let writer = {
@@ -559,16 +567,7 @@ async fn long_poll_and_sse_follow_the_tail() {
 
     // An idle SSE gets a keep-alive comment every long-poll timeout, and no event.
     c.put("/quiet", BYTES, "").await.unwrap();
-    let mut quiet = c
-        .open(
-            picomq_client::HttpMethod::GET,
-            &format!("{}?live=sse", records_path("quiet")),
-            &[],
-            bytes::Bytes::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(quiet.status.as_u16(), 200);
+    let mut quiet = open_sse(&c, "quiet", "").await;
     let started = std::time::Instant::now();
     let chunk = tokio::time::timeout(Duration::from_secs(6), quiet.next_chunk())
         .await
