@@ -29,6 +29,7 @@ pub mod node;
 pub mod offset;
 pub mod read;
 pub mod recovery;
+pub mod shutdown;
 pub mod store;
 pub mod stream;
 pub mod units;

@@ -122,7 +122,7 @@ impl From<EngineError> for ApiError {
             }
             E::NotOwner => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_owner", message)
                 .with_header(header::RETRY_AFTER, 1)
-                .with_header(crate::cluster::NOT_OWNER, 1),
+                .with_header(crate::members::NOT_OWNER, 1),
             E::Fenced => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "fenced", message)
                 .with_header(header::RETRY_AFTER, 1),
             E::Internal(_) => {
@@ -134,6 +134,38 @@ impl From<EngineError> for ApiError {
 }
 
 /// The engine's reasons, worded with the protocol's header names.
+impl From<picomq_consumers::ConsumerError> for ApiError {
+    fn from(e: picomq_consumers::ConsumerError) -> Self {
+        use picomq_consumers::{ConsumerError as C, Refusal as R};
+        match e {
+            C::Engine(e) => ApiError::from(e),
+            C::Refused {
+                why,
+                code,
+                message,
+                fields,
+            } => {
+                let status = match why {
+                    R::Invalid => StatusCode::BAD_REQUEST,
+                    R::NotFound => StatusCode::NOT_FOUND,
+                    R::Conflict => StatusCode::CONFLICT,
+                    R::Unauthorized => StatusCode::UNAUTHORIZED,
+                    R::Busy => StatusCode::TOO_MANY_REQUESTS,
+                };
+                let mut error = ApiError::new(status, code, message);
+                error.fields = fields;
+                error
+            }
+        }
+    }
+}
+
+impl From<crate::headers::BadHeader> for ApiError {
+    fn from(e: crate::headers::BadHeader) -> Self {
+        ApiError::bad_request(e.0)
+    }
+}
+
 impl From<Invalid> for ApiError {
     fn from(reason: Invalid) -> Self {
         use Invalid as I;

@@ -4,7 +4,10 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::error::ApiError;
+/// A header (or a header-like value) that is not what its rule allows; a 400 with
+/// this message (`error.rs`).
+#[derive(Debug)]
+pub struct BadHeader(pub String);
 
 pub const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static("stream-next-offset");
 pub const STREAM_UP_TO_DATE: HeaderName = HeaderName::from_static("stream-up-to-date");
@@ -51,13 +54,13 @@ pub fn never_indexed(mut v: HeaderValue) -> HeaderValue {
 pub const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
 
 /// A header's value as text; `Err` if present but not visible ASCII.
-pub fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, ApiError> {
+pub fn text<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, BadHeader> {
     match headers.get(name) {
         None => Ok(None),
         Some(v) => v
             .to_str()
             .map(Some)
-            .map_err(|_| ApiError::bad_request(format!("header {name} is not valid ASCII text"))),
+            .map_err(|_| BadHeader(format!("header {name} is not valid ASCII text"))),
     }
 }
 
@@ -70,7 +73,7 @@ pub fn flag_true(headers: &HeaderMap, name: &HeaderName) -> bool {
 }
 
 /// A non-negative decimal integer without sign, leading zeros or exponent, at most `max`.
-pub fn strict_uint(raw: &str, name: &str, max: u64) -> Result<u64, ApiError> {
+pub fn strict_uint(raw: &str, name: &str, max: u64) -> Result<u64, BadHeader> {
     let well_formed = !raw.is_empty()
         && raw.bytes().all(|b| b.is_ascii_digit())
         && (raw == "0" || !raw.starts_with('0'))
@@ -80,20 +83,20 @@ pub fn strict_uint(raw: &str, name: &str, max: u64) -> Result<u64, ApiError> {
         .flatten()
         .filter(|v| *v <= max);
     value.ok_or_else(|| {
-        ApiError::bad_request(format!(
+        BadHeader(format!(
             "{name} must be a non-negative integer without sign or leading zeros, at most {max}"
         ))
     })
 }
 
 /// Digits only (leading zeros allowed), at most 2^53-1: the producer epoch/seq rule.
-pub fn producer_uint(raw: &str, name: &str) -> Result<u64, ApiError> {
+pub fn producer_uint(raw: &str, name: &str) -> Result<u64, BadHeader> {
     let value = (!raw.is_empty() && raw.len() <= 20 && raw.bytes().all(|b| b.is_ascii_digit()))
         .then(|| raw.parse::<u64>().ok())
         .flatten()
         .filter(|v| *v <= JS_SAFE_INTEGER_MAX);
     value.ok_or_else(|| {
-        ApiError::bad_request(format!(
+        BadHeader(format!(
             "{name} must be a non-negative integer at most 2^53-1"
         ))
     })

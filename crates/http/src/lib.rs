@@ -2,6 +2,7 @@
 //! server paths (health, metrics, tokens). Authentication, limits, error mapping and
 //! browser headers are applied here, once; `server` owns connections (TLS, timeouts).
 
+pub mod app;
 pub mod auth;
 pub mod cluster;
 pub mod console;
@@ -14,17 +15,19 @@ pub mod headers;
 pub mod limits;
 pub mod listing;
 pub mod maintenance;
+pub mod members;
 pub mod metrics;
 pub mod positions;
 pub mod records;
+pub mod request;
 pub mod retention;
 pub mod server;
-pub mod shutdown;
 pub mod subscriptions;
+pub mod tokens;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -41,10 +44,11 @@ use axum::Router;
 use picomq_engine::Engine;
 use tracing::Instrument;
 
+pub use app::{json_response, AppState, Cors};
 use auth::{Auth, Principal};
 use limits::{LiveReaders, RateLimiter};
 
-pub use shutdown::{ShutdownSignal, ShutdownTrigger};
+pub use picomq_engine::shutdown::{ShutdownSignal, ShutdownTrigger};
 
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
@@ -74,7 +78,7 @@ pub struct HttpConfig {
     /// members call each other with. `None` outside a cluster.
     pub cluster: Option<ClusterRouting>,
     /// How the Durable Streams subscriptions of the node behave.
-    pub subscriptions: subscriptions::Settings,
+    pub subscriptions: picomq_consumers::subscriptions::Settings,
     /// Where clients reach this server (`https://streams.example.com`), for the
     /// URLs subscription bodies hand out; `None`: from each request's Host.
     pub public_url: Option<String>,
@@ -105,90 +109,82 @@ impl Default for HttpConfig {
             live_readers_per_stream_max: 10_000,
             live_readers_per_token_max: 10_000,
             cluster: None,
-            subscriptions: subscriptions::Settings::default(),
+            subscriptions: picomq_consumers::subscriptions::Settings::default(),
             public_url: None,
             tls: false,
         }
     }
 }
 
-/// Browser origins allowed to call the API (CORS).
-#[derive(Clone, Debug)]
-pub enum Cors {
-    /// `Access-Control-Allow-Origin: *`, never with credentials.
-    Any,
-    /// Only these origins (`https://app.example.com`), echoed back with
-    /// `Access-Control-Allow-Credentials: true`; preflights from others get 403.
-    Origins(Vec<HeaderValue>),
+/// Every path the API port routes besides the streams themselves (and the
+/// Durable Streams `__ds` APIs under any stream root). Each has its rows in the
+/// authorization matrix test (`crates/picomq/tests/it/auth_matrix.rs`), which fails
+/// for a path listed here without one; a route the router gains without being
+/// listed here stops the server at start.
+pub const API_ROUTES: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    listing::PATH,
+    maintenance::COMPACT_PATH,
+    retention::PATH,
+    tokens::TOKENS_PATH,
+    tokens::TOKEN_PATH,
+    tokens::READ_TOKENS_PATH,
+    cluster::nodes::NODES_PATH,
+    cluster::nodes::DRAIN_PATH,
+    cluster::nodes::RESUME_PATH,
+    cluster::peers::PIN_PATH,
+    cluster::peers::UNPIN_PATH,
+    cluster::peers::CASCADE_PATH,
+    cluster::peers::NUDGE_PATH,
+    cluster::peers::APPEND_PATH,
+    cluster::peers::TAILS_PATH,
+    groups::PATH,
+    groups::ITEM_PATH,
+    subscriptions::ROTATE_PATH,
+    subscriptions::LIST_PATH,
+    positions::PATH,
+    console::PATH,
+    console::INDEX_PATH,
+    console::FILE_PATH,
+];
+
+/// The API router, built through [`Routes::route`] so that its paths can be checked
+/// against [`API_ROUTES`].
+struct Routes {
+    router: Router<Arc<AppState>>,
+    paths: Vec<&'static str>,
 }
 
-impl Cors {
-    /// `*` or a comma-separated list of origins (scheme://host[:port]).
-    pub fn parse(list: &str) -> Result<Cors, String> {
-        let list = list.trim();
-        if list == "*" {
-            return Ok(Cors::Any);
-        }
-        let mut origins = Vec::new();
-        for o in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            let valid = (o.starts_with("http://") || o.starts_with("https://"))
-                && !o.ends_with('/')
-                && o.len() <= 256
-                && o.split_once("://").is_some_and(|(_, h)| {
-                    !h.is_empty() && !h.contains('/') && h.bytes().all(|b| b.is_ascii_graphic())
-                });
-            if o == "*" || !valid {
-                return Err(format!(
-                    "CORS origin {o:?}: use * alone, or origins like https://app.example.com (scheme and host, no path)"
-                ));
-            }
-            origins.push(HeaderValue::from_str(o).map_err(|e| e.to_string())?);
-        }
-        if origins.is_empty() {
-            return Err("the CORS origin list is empty (use * to allow any origin)".into());
-        }
-        Ok(Cors::Origins(origins))
-    }
-}
-
-pub struct AppState {
-    pub engine: Engine,
-    pub long_poll_timeout: Duration,
-    pub sse_max_duration: Duration,
-    pub live_readers: AtomicU64,
-    pub request_ids: AtomicU64,
-    pub shutdown: ShutdownSignal,
-    /// Whether the `guard` middleware runs (auth or rate limits are on).
-    pub guarded: bool,
-    pub auth: Option<Arc<Auth>>,
-    pub cors: Cors,
-    pub body_read_timeout: Duration,
-    pub ip_limiter: Option<RateLimiter<IpAddr>>,
-    /// Proxies whose `X-Forwarded-For` the per-IP limit believes.
-    pub trusted_proxies: Vec<limits::IpRange>,
-    pub token_limiter: Option<RateLimiter<String>>,
-    pub live: Arc<LiveReaders>,
-    /// A cluster member's routing (proxy or redirect) and peer key.
-    pub cluster: Option<cluster::ClusterEdge>,
-    /// The Durable Streams subscriptions this node drives.
-    pub subscriptions: Arc<subscriptions::Subscriptions>,
-    /// The consumer groups of the streams this node serves.
-    pub groups: Arc<groups::Groups>,
-    pub positions: Arc<positions::Positions>,
-    pub public_url: Option<String>,
-    pub tls: bool,
-}
-
-impl AppState {
-    /// Whether a write must tell anyone (subscriptions, waiting group claims).
-    pub fn watching_writes(&self) -> bool {
-        self.subscriptions.watching() || self.groups.watching()
+impl Routes {
+    fn route(
+        mut self,
+        path: &'static str,
+        method: axum::routing::MethodRouter<Arc<AppState>>,
+    ) -> Routes {
+        self.paths.push(path);
+        self.router = self.router.route(path, method);
+        self
     }
 
-    /// A write to stream `name` was acknowledged.
-    pub fn written(&self, name: &str) {
-        self.subscriptions.on_write(name);
-        self.groups.on_write(name);
+    fn merge(mut self, paths: &[&'static str], router: Router<Arc<AppState>>) -> Routes {
+        self.paths.extend_from_slice(paths);
+        self.router = self.router.merge(router);
+        self
+    }
+
+    /// The router, once its paths are exactly [`API_ROUTES`].
+    fn checked(self) -> Router<Arc<AppState>> {
+        let mut routed = self.paths.clone();
+        let mut listed = API_ROUTES.to_vec();
+        routed.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(
+            routed, listed,
+            "every API route is listed in API_ROUTES (and has rows in the authorization matrix)"
+        );
+        self.router
     }
 }
 
@@ -201,13 +197,13 @@ pub fn router(engine: Engine, config: HttpConfig) -> Api {
 pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     let edge = match (&config.cluster, engine.cluster()) {
         (Some(routing), Some(_)) => {
-            let peers = Arc::new(cluster::peers::PeerClient::new(routing.key.clone()));
+            let peers = Arc::new(members::client::PeerClient::new(routing.key.clone()));
             engine.set_peers(peers.clone());
             Some(cluster::ClusterEdge {
                 node_id: HeaderValue::from_str(&engine.cluster().expect("a member").config.node_id)
                     .expect("node ids are printable ASCII"),
                 mode: routing.mode,
-                proxy: cluster::Proxy::new().expect("TLS with the system's trust store"),
+                proxy: members::Proxy::new().expect("TLS with the system's trust store"),
                 key: routing.key.clone(),
                 peers,
                 stats: cluster::EdgeStats::default(),
@@ -220,10 +216,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         // Appends on other members are not seen here: idle subscriptions look often.
         settings.rescan = settings.rescan.min(Duration::from_secs(1));
     }
-    let subscriptions =
-        subscriptions::Subscriptions::new(engine.clone(), settings, config.shutdown.clone());
-    let groups = groups::Groups::new(engine.clone());
-    let positions = positions::Positions::new(engine.clone());
+    let consumers =
+        picomq_consumers::Consumers::new(engine.clone(), settings, config.shutdown.clone());
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -249,52 +243,46 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
             config.live_readers_per_token_max,
         ),
         cluster: edge,
-        subscriptions: subscriptions.clone(),
-        groups,
-        positions,
+        consumers: consumers.clone(),
         public_url: config.public_url,
         tls: config.tls,
     });
-    subscriptions.connect(&state);
-    state.groups.connect(&state);
-    tokio::spawn(subscriptions.run(Duration::from_secs(1)));
+    tokio::spawn(consumers.subscriptions.clone().run(Duration::from_secs(1)));
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
         .merge(console::routes());
-    let api = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::metrics))
-        .route(listing::PATH, get(listing::list))
-        .route(maintenance::COMPACT_PATH, post(maintenance::compact))
-        .route(retention::PATH, any(retention::handle))
-        .route(
-            auth::endpoints::TOKENS_PATH,
-            post(auth::endpoints::create).get(auth::endpoints::list),
-        )
-        .route(auth::endpoints::TOKEN_PATH, delete(auth::endpoints::revoke))
-        .route(
-            auth::endpoints::READ_TOKENS_PATH,
-            post(auth::endpoints::mint_read_token),
-        )
-        .route(cluster::nodes::NODES_PATH, get(cluster::nodes::list))
-        .route(cluster::nodes::DRAIN_PATH, post(cluster::nodes::drain))
-        .route(cluster::nodes::RESUME_PATH, post(cluster::nodes::resume))
-        .route(cluster::peers::PIN_PATH, post(cluster::peers::pin))
-        .route(cluster::peers::UNPIN_PATH, post(cluster::peers::unpin))
-        .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
-        .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
-        .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
-        .route(groups::PATH, get(groups::list))
-        .route(subscriptions::ROTATE_PATH, post(subscriptions::rotate))
-        .route(subscriptions::LIST_PATH, get(subscriptions::list))
-        .merge(console::routes())
-        .route(groups::ITEM_PATH, any(groups::handle))
-        .route(positions::PATH, any(positions::handle))
-        .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
-        .fallback(ds::handle);
+    let api = Routes {
+        router: Router::new(),
+        paths: Vec::new(),
+    }
+    .route("/healthz", get(healthz))
+    .route("/readyz", get(readyz))
+    .route("/metrics", get(metrics::metrics))
+    .route(listing::PATH, get(listing::list))
+    .route(maintenance::COMPACT_PATH, post(maintenance::compact))
+    .route(retention::PATH, any(retention::handle))
+    .route(tokens::TOKENS_PATH, post(tokens::create).get(tokens::list))
+    .route(tokens::TOKEN_PATH, delete(tokens::revoke))
+    .route(tokens::READ_TOKENS_PATH, post(tokens::mint_read_token))
+    .route(cluster::nodes::NODES_PATH, get(cluster::nodes::list))
+    .route(cluster::nodes::DRAIN_PATH, post(cluster::nodes::drain))
+    .route(cluster::nodes::RESUME_PATH, post(cluster::nodes::resume))
+    .route(cluster::peers::PIN_PATH, post(cluster::peers::pin))
+    .route(cluster::peers::UNPIN_PATH, post(cluster::peers::unpin))
+    .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
+    .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
+    .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
+    .route(groups::PATH, get(groups::list))
+    .route(subscriptions::ROTATE_PATH, post(subscriptions::rotate))
+    .route(subscriptions::LIST_PATH, get(subscriptions::list))
+    .merge(console::PATHS, console::routes())
+    .route(groups::ITEM_PATH, any(groups::handle))
+    .route(positions::PATH, any(positions::handle))
+    .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
+    .checked()
+    .fallback(ds::handle);
     if state.guarded {
         admin = admin.layer(axum::middleware::from_fn_with_state(state.clone(), guard));
     }
@@ -382,16 +370,6 @@ impl Api {
 /// through the router's fallback, which refuses them.
 fn is_server_path(path: &str) -> bool {
     path.starts_with("/__") || matches!(path, "/healthz" | "/readyz" | "/metrics")
-}
-
-/// A JSON answer that no cache keeps (the API's own endpoints).
-pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CACHE_CONTROL, "no-store")
-        .body(Body::from(body.to_string()))
-        .expect("valid response")
 }
 
 /// Rate limits (per client IP, then per token) and authentication: a request with a

@@ -12,10 +12,10 @@ use axum::Extension;
 use picomq_engine::units::format_rfc3339_ms;
 use serde_json::json;
 
-use crate::auth::{Op, Principal, Token};
-use crate::ds::percent_decode;
+use crate::app::{json_response, AppState};
+use crate::auth::{Access, Op, Principal};
 use crate::error::ApiError;
-use crate::{json_response, AppState};
+use crate::request::percent_decode;
 
 /// The path of the listing endpoint.
 pub const PATH: &str = "/__picomq/streams";
@@ -69,14 +69,11 @@ pub async fn list(
     principal: Option<Extension<Principal>>,
     RawQuery(raw): RawQuery,
 ) -> Response<Body> {
-    let viewer = match &app.auth {
-        None => None,
-        Some(auth) => match auth.require_op(principal.as_deref(), Op::Read) {
-            Ok(t) => Some(t),
-            Err(e) => return axum::response::IntoResponse::into_response(e),
-        },
-    };
-    match list_page(&app, viewer.as_deref(), raw.as_deref()).await {
+    let access = Access::new(app.auth.as_ref(), principal.as_deref());
+    if let Err(e) = access.node(Op::Read) {
+        return axum::response::IntoResponse::into_response(e);
+    }
+    match list_page(&app, access, raw.as_deref()).await {
         Ok(r) => r,
         Err(e) => axum::response::IntoResponse::into_response(e),
     }
@@ -86,11 +83,11 @@ pub async fn list(
 /// namespace; `prefix` and `after` are relative to it too.
 async fn list_page(
     app: &AppState,
-    viewer: Option<&Token>,
+    viewer: Access<'_>,
     raw: Option<&str>,
 ) -> Result<Response<Body>, ApiError> {
     let mut p = params(raw)?;
-    let namespace = viewer.map_or("", |t| t.namespace.as_str());
+    let namespace = viewer.namespace();
     if !namespace.is_empty() {
         p.prefix = format!("{namespace}{}", p.prefix);
         if !p.after.is_empty() {
@@ -104,7 +101,7 @@ async fn list_page(
     for info in page.streams {
         // The server's own streams (consumer state: `__subscriptions/`, `__groups/`,
         // `__positions/`) are reached through their APIs only.
-        if info.name.starts_with("__") || viewer.is_some_and(|t| !t.allows(Op::Read, &info.name)) {
+        if !viewer.allows(Op::Read, &info.name) {
             continue;
         }
         streams.push(json!({

@@ -12,10 +12,10 @@ use axum::http::{Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::Extension;
 
-use crate::auth::{Op, Principal};
-use crate::ds::percent_decode;
+use crate::app::{json_response, AppState};
+use crate::auth::{Access, Op, Principal};
 use crate::error::ApiError;
-use crate::{json_response, AppState};
+use crate::request::percent_decode;
 
 pub const COMPACT_PATH: &str = "/__picomq/compact";
 
@@ -49,10 +49,8 @@ pub async fn compact(
     principal: Option<Extension<Principal>>,
     RawQuery(raw): RawQuery,
 ) -> Response<Body> {
-    if let Some(auth) = &app.auth {
-        if let Err(e) = auth.require_op(principal.as_deref(), Op::Admin) {
-            return e.into_response();
-        }
+    if let Err(e) = Access::new(app.auth.as_ref(), principal.as_deref()).node(Op::Admin) {
+        return e.into_response();
     }
     let delay = match delay(raw.as_deref()) {
         Ok(d) => d,

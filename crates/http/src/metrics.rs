@@ -13,8 +13,8 @@ use axum::response::IntoResponse;
 use axum::Extension;
 use picomq_engine::metrics::{Desc, Exposition};
 
-use crate::auth::{Op, Principal};
-use crate::AppState;
+use crate::app::AppState;
+use crate::auth::{Access, Op, Principal};
 
 static LIVE_READERS: Desc = Desc::gauge("picomq_live_readers", "Open SSE connections.");
 
@@ -23,18 +23,16 @@ pub async fn metrics(
     State(app): State<Arc<AppState>>,
     principal: Option<Extension<Principal>>,
 ) -> Response<Body> {
-    if let Some(auth) = &app.auth {
-        if let Err(e) = auth.require_op(principal.as_deref(), Op::Admin) {
-            return e.into_response();
-        }
+    if let Err(e) = Access::new(app.auth.as_ref(), principal.as_deref()).node(Op::Admin) {
+        return e.into_response();
     }
     let mut out = Exposition::new();
     app.engine.write_metrics(&mut out).await;
     if let Some(edge) = &app.cluster {
         picomq_engine::metrics::Source::export(&edge.stats, &mut out);
     }
-    picomq_engine::metrics::Source::export(&*app.subscriptions, &mut out);
-    app.groups.export(&mut out).await;
+    picomq_engine::metrics::Source::export(&*app.consumers.subscriptions, &mut out);
+    app.consumers.groups.export(&mut out).await;
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

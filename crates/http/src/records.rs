@@ -26,13 +26,13 @@ use picomq_engine::{
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::auth::Principal;
+use crate::app::AppState;
+use crate::auth::{Access, Op, Principal};
 use crate::ds::query::timestamp_param;
 use crate::ds::sse::Credential;
-use crate::ds::{percent_decode, read_body};
 use crate::error::ApiError;
 use crate::headers;
-use crate::AppState;
+use crate::request::{percent_decode, read_body};
 
 /// Records one append may carry.
 pub const BATCH_RECORDS_MAX: usize = 1_000;
@@ -128,7 +128,7 @@ pub async fn append(
             })
         }
     };
-    Ok(crate::json_response(StatusCode::OK, body))
+    Ok(crate::app::json_response(StatusCode::OK, body))
 }
 
 fn new_record(i: usize, r: InRecord) -> Result<NewRecord, ApiError> {
@@ -323,7 +323,7 @@ pub async fn read(
     if !page.records.is_empty() {
         app.engine.bookmark(&stream, page.next_seq, page.next);
     }
-    Ok(crate::json_response(StatusCode::OK, page.json()))
+    Ok(crate::app::json_response(StatusCode::OK, page.json()))
 }
 
 /// Where a read starts: a record boundary and the number of the record there.
@@ -599,6 +599,7 @@ pub async fn info(
     app: &AppState,
     name: StreamName,
     shown: &str,
+    access: Access<'_>,
 ) -> Result<Response<Body>, ApiError> {
     let stream = app.engine.stream(&name).await?;
     let first = app.engine.first_record(&stream).await?;
@@ -614,10 +615,13 @@ pub async fn info(
         "closed": view.closed,
     });
     if let Some((source, point, point_seq)) = app.engine.fork_source(&stream).await? {
-        // Named as the caller names streams: relative to its token's namespace.
-        let namespace = name.as_str().strip_suffix(shown).unwrap_or("");
+        // Named as the caller names streams, relative to its token's namespace; a
+        // source the caller may not read is not named.
+        let source = access
+            .shown(&source)
+            .filter(|_| access.allows(Op::Read, &source));
         body["forked_from"] = json!({
-            "stream": source.strip_prefix(namespace).unwrap_or(&source),
+            "stream": source,
             "offset": point.to_string(),
             "seq": point_seq,
         });
@@ -626,7 +630,7 @@ pub async fn info(
         body["first_timestamp"] = json!(ts);
         body["last_timestamp"] = json!(stream.handle.lock().last_ts_ms.max(ts));
     }
-    Ok(crate::json_response(StatusCode::OK, body))
+    Ok(crate::app::json_response(StatusCode::OK, body))
 }
 
 /// The method an action allows, for a 405.

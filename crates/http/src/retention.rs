@@ -23,12 +23,12 @@ use picomq_engine::config::RETENTION_SECS_MAX;
 use picomq_engine::Offset;
 use serde_json::json;
 
-use crate::auth::{Op, Principal};
-use crate::ds::{percent_decode, stream_name};
+use crate::app::AppState;
+use crate::auth::{Access, Op, Principal};
 use crate::error::ApiError;
 use crate::headers;
 use crate::records;
-use crate::AppState;
+use crate::request::{percent_decode, stream_name};
 
 /// Route of both endpoints: everything after it is `{name}/{action}`.
 pub const PATH: &str = "/__picomq/streams/{*rest}";
@@ -131,9 +131,8 @@ pub async fn handle(
         ("records" | "info", _) => Op::Read,
         _ => Op::Delete,
     };
-    if let Some(auth) = &app.auth {
-        name = auth.authorize_stream(principal.as_ref(), op, name)?;
-    }
+    let access = Access::new(app.auth.as_ref(), principal.as_ref());
+    name = access.stream(op, &name)?;
     let query = parts.uri.query().map(str::to_string);
     let action = if native {
         None
@@ -151,7 +150,7 @@ pub async fn handle(
     let name = picomq_engine::StreamName::new(name, app.engine.config().stream_name_bytes_max)?;
     let Some(action) = action else {
         return match verb {
-            "info" => records::info(&app, name, &shown).await,
+            "info" => records::info(&app, name, &shown, access).await,
             _ if parts.method == Method::POST => {
                 records::append(&app, name, &shown, &parts.headers, body).await
             }

@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tower_service::Service;
 
-use crate::ShutdownSignal;
+use picomq_engine::shutdown::ShutdownSignal;
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {

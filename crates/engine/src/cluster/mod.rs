@@ -96,6 +96,15 @@ pub trait Peers: Send + Sync + 'static {
     /// Tells the member that slots changed hands (a takeover finished), so it looks
     /// at the cluster now instead of at its next step.
     async fn nudge(&self, url: &str) -> Result<()>;
+    /// The durable tails of `streams` at the member that serves them (the metadata
+    /// store has them only as far as that member indexed).
+    async fn tails(
+        &self,
+        url: &str,
+        streams: Vec<String>,
+    ) -> Result<std::collections::HashMap<String, u64>>;
+    /// Appends the JSON `body` to `stream` at the member that serves it.
+    async fn append(&self, url: &str, stream: &str, body: String) -> Result<()>;
 }
 
 /// A member as the nodes endpoint shows it.

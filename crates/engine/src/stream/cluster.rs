@@ -106,6 +106,12 @@ impl Service {
         }
     }
 
+    /// The calls to other members, once the edge connected them.
+    pub fn peers(&self) -> Option<Arc<dyn Peers>> {
+        self.cluster_side()
+            .and_then(|side| side.peers.get().cloned())
+    }
+
     /// Whether this node serves the stream `name` (always, outside a cluster).
     pub(crate) fn serves(&self, name: &str) -> bool {
         self.cluster().is_none_or(|c| c.owns(slot_of(name)))

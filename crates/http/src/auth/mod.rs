@@ -5,8 +5,8 @@
 //! authorizes an operation on a stream name, mapping it into the token's namespace.
 //! Absent entirely when the server runs with `--auth off`.
 
+pub mod access;
 pub mod credential;
-pub mod endpoints;
 pub mod quota;
 pub mod scope;
 
@@ -18,6 +18,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use picomq_engine::{Engine, TokenRecord};
 
 use crate::error::ApiError;
+pub use access::Access;
 use credential::{ReadTokenError, ReadTokenKey, SecretHash};
 pub use scope::{Op, Ops, Pattern, Scope};
 
@@ -208,7 +209,7 @@ pub struct Auth {
     pub config: AuthConfig,
 }
 
-fn unauthorized(code: &'static str, message: impl Into<String>) -> ApiError {
+pub(crate) fn unauthorized(code: &'static str, message: impl Into<String>) -> ApiError {
     let challenge = if code == "unauthorized" {
         format!("Bearer realm=\"{REALM}\"")
     } else {
@@ -251,7 +252,7 @@ impl Auth {
     /// On a cluster member: re-reads the tokens from the shared metadata store every
     /// [`FOLLOW_EVERY`], so tokens made or revoked through other members work here
     /// too (within that delay). Runs until `shutdown`.
-    pub async fn follow_store(self: Arc<Auth>, shutdown: crate::ShutdownSignal) {
+    pub async fn follow_store(self: Arc<Auth>, shutdown: picomq_engine::shutdown::ShutdownSignal) {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(FOLLOW_EVERY) => {}
@@ -370,7 +371,7 @@ impl Auth {
             let secret = credential::parse_bearer(value.as_bytes())
                 .map_err(|e| unauthorized("invalid_token", e))?;
             // A subscription wake's own token: its handler checks it against the wake.
-            if secret.starts_with(crate::subscriptions::WAKE_TOKEN_PREFIX) {
+            if secret.starts_with(picomq_consumers::subscriptions::WAKE_TOKEN_PREFIX) {
                 return Ok(None);
             }
             let hash = credential::hash_secret(secret);
@@ -417,48 +418,6 @@ impl Auth {
             "unauthorized",
             "authentication required: send Authorization: Bearer TOKEN",
         )
-    }
-
-    /// The absolute stream name `name` (as the caller addressed it) means, if the
-    /// caller may do `op` on it. Decided before the stream is looked up, so a refusal
-    /// says nothing about whether the stream exists.
-    pub fn authorize_stream(
-        &self,
-        principal: Option<&Principal>,
-        op: Op,
-        name: String,
-    ) -> Result<String, ApiError> {
-        match principal {
-            None => Err(Self::missing()),
-            Some(Principal::Token(t)) => {
-                let name = if t.namespace.is_empty() {
-                    name
-                } else {
-                    format!("{}{name}", t.namespace)
-                };
-                if t.allows(op, &name) {
-                    Ok(name)
-                } else {
-                    Err(forbidden(format!(
-                        "this token may not {} this stream",
-                        op.name()
-                    )))
-                }
-            }
-            Some(Principal::ReadLink { expires_secs, mac }) => {
-                if op != Op::Read {
-                    return Err(forbidden("a read token allows reads only"));
-                }
-                if self.read_key.verify(&name, *expires_secs, mac) {
-                    Ok(name)
-                } else {
-                    Err(unauthorized(
-                        "invalid_token",
-                        "the read token is not valid for this stream",
-                    ))
-                }
-            }
-        }
     }
 
     /// The caller's token, if it holds `op` anywhere.

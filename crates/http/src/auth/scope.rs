@@ -145,7 +145,8 @@ impl Pattern {
         Ok(Pattern::from_toks(toks))
     }
 
-    fn from_toks(toks: Vec<Tok>) -> Pattern {
+    /// The pattern of these tokens (exact, prefix or glob, whichever it is).
+    pub fn from_toks(toks: Vec<Tok>) -> Pattern {
         let wild = toks.iter().filter(|t| !matches!(t, Tok::Lit(_))).count();
         let literal = |toks: &[Tok]| {
             let bytes: Vec<u8> = toks

@@ -17,7 +17,6 @@
 
 pub mod nodes;
 pub mod peers;
-mod proxy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,68 +24,16 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Response, StatusCode, Uri};
 use picomq_engine::cluster::{slot_of, Cluster, Route};
-use picomq_engine::metrics::{Counter, Desc, Exposition, Source};
 
+use crate::app::AppState;
 use crate::error::ApiError;
-use crate::AppState;
-pub use proxy::Proxy;
-
-/// Set on a request one member forwards to another: the sender's node id.
-pub const FORWARDED_BY: &str = "picomq-forwarded-by";
-/// Set on every stream answer of a cluster member: the node id of the member that
-/// served it (a forwarded answer carries the owner's).
-pub const SERVED_BY: &str = "picomq-served-by";
-/// Set on a 503 answer from a member that does not serve the stream (any more).
-pub const NOT_OWNER: &str = "picomq-not-owner";
-/// How members prove to each other that a call comes from the cluster.
-pub const CLUSTER_KEY: &str = "picomq-cluster-key";
+pub use crate::members::{
+    ClusterEdge, EdgeStats, RouteMode, CLUSTER_KEY, FORWARDED_BY, NOT_OWNER, SERVED_BY,
+};
 
 /// How long a request waits for a stream to get a live owner (a hand-over, a
 /// takeover after a member died) before it is answered 503.
 const OWNER_WAIT: Duration = Duration::from_secs(5);
-
-/// How a member sends a client to the stream's owner.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RouteMode {
-    /// Forward the request and stream the owner's answer back.
-    #[default]
-    Proxy,
-    /// Answer 307 with the owner's URL (clients that follow redirects re-send).
-    Redirect,
-}
-
-impl std::str::FromStr for RouteMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "proxy" => Ok(RouteMode::Proxy),
-            "redirect" => Ok(RouteMode::Redirect),
-            _ => Err(format!("{s:?}: use proxy or redirect")),
-        }
-    }
-}
-
-impl std::fmt::Display for RouteMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            RouteMode::Proxy => "proxy",
-            RouteMode::Redirect => "redirect",
-        })
-    }
-}
-
-/// What the edge of a member holds.
-pub struct ClusterEdge {
-    /// This member's node id, as the [`SERVED_BY`] header value.
-    pub node_id: axum::http::HeaderValue,
-    pub mode: RouteMode,
-    pub proxy: Proxy,
-    /// The key members present to each other ([`CLUSTER_KEY`]).
-    pub key: String,
-    /// Calls to other members (the engine's, and the subscriptions').
-    pub peers: Arc<peers::PeerClient>,
-    pub stats: EdgeStats,
-}
 
 /// Where a stream request goes after routing.
 pub enum Decision {
@@ -159,14 +106,14 @@ pub async fn route(
             Route::Remote { url, node_id } if !forwarded => {
                 if edge.mode == RouteMode::Redirect {
                     edge.stats.redirected.inc();
-                    return Ok(Decision::Answered(proxy::redirect(&url, uri)));
+                    return Ok(Decision::Answered(crate::members::redirect(&url, uri)));
                 }
                 // The body is read once, so a failed attempt can be retried.
                 if buffered.is_none() {
                     let limit = app.engine.config().append_bytes_max;
                     let taken = body.take().unwrap_or_else(Body::empty);
                     buffered =
-                        Some(crate::ds::read_body(taken, limit, app.body_read_timeout).await?);
+                        Some(crate::request::read_body(taken, limit, app.body_read_timeout).await?);
                 }
                 let bytes = buffered.clone().expect("buffered above");
                 match edge
@@ -188,7 +135,7 @@ pub async fn route(
                         edge.stats.forwarded.inc();
                         return Ok(Decision::Answered(resp));
                     }
-                    Err(proxy::ForwardError::Lost(e)) if !repeatable(method, headers) => {
+                    Err(crate::members::ForwardError::Lost(e)) if !repeatable(method, headers) => {
                         // The owner may have made it durable before it went: sending
                         // it again could apply it twice. The client decides.
                         edge.stats.forward_failures.inc();
@@ -221,26 +168,6 @@ pub async fn route(
     }
 }
 
-/// Appends the JSON `body` to `name` at the member serving it (its owner as the
-/// metadata store has it now).
-pub async fn append_at_owner(
-    app: &Arc<AppState>,
-    name: &str,
-    body: bytes::Bytes,
-) -> Result<(), ApiError> {
-    let (Some(cluster), Some(edge)) = (app.engine.cluster(), app.cluster.as_ref()) else {
-        return Err(picomq_engine::EngineError::NotOwner.into());
-    };
-    match cluster.refresh_slot(slot_of(name)).await? {
-        Route::Remote { url, .. } => {
-            let body = String::from_utf8(body.to_vec())
-                .map_err(|_| ApiError::bad_request("a JSON body is UTF-8"))?;
-            Ok(edge.peers.append(&url, name, body).await?)
-        }
-        _ => Err(picomq_engine::EngineError::NotOwner.into()),
-    }
-}
-
 /// Whether a request whose answer was lost may be sent again to the next owner:
 /// reads, creates (a second create of the same stream is answered 200), and
 /// appends an idempotent producer sends (the owner drops the duplicate).
@@ -268,48 +195,4 @@ fn no_lease() -> ApiError {
         "this node cannot renew its cluster lease (is Postgres reachable?), so it may not serve the streams it owns; retry",
     )
     .with_header(axum::http::header::RETRY_AFTER, 1)
-}
-
-static FORWARDED: Desc = Desc::counter(
-    "picomq_cluster_requests_forwarded_total",
-    "Stream requests this node forwarded to the node serving the stream.",
-);
-static REDIRECTED: Desc = Desc::counter(
-    "picomq_cluster_requests_redirected_total",
-    "Stream requests this node answered with a redirect to the node serving the stream.",
-);
-static STALE_ROUTES: Desc = Desc::counter(
-    "picomq_cluster_stale_routes_total",
-    "Forwarded requests the receiving member did not serve (the slot had moved on); routed again.",
-);
-static FORWARD_FAILURES: Desc = Desc::counter(
-    "picomq_cluster_forward_failures_total",
-    "Forwarding attempts that could not reach the owner (retried once it changed, or 503).",
-);
-
-pub struct EdgeStats {
-    pub forwarded: Counter,
-    pub redirected: Counter,
-    pub forward_failures: Counter,
-    pub stale_routes: Counter,
-}
-
-impl Default for EdgeStats {
-    fn default() -> Self {
-        EdgeStats {
-            forwarded: Counter::new(&FORWARDED),
-            redirected: Counter::new(&REDIRECTED),
-            forward_failures: Counter::new(&FORWARD_FAILURES),
-            stale_routes: Counter::new(&STALE_ROUTES),
-        }
-    }
-}
-
-impl Source for EdgeStats {
-    fn export(&self, out: &mut Exposition) {
-        out.counter(&self.forwarded)
-            .counter(&self.redirected)
-            .counter(&self.forward_failures)
-            .counter(&self.stale_routes);
-    }
 }

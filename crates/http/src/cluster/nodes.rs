@@ -13,9 +13,9 @@ use axum::Extension;
 use picomq_engine::cluster::{MemberState, SLOTS};
 use serde_json::json;
 
-use crate::auth::{Op, Principal};
+use crate::app::{json_response, AppState};
+use crate::auth::{Access, Op, Principal};
 use crate::error::ApiError;
-use crate::{json_response, AppState};
 
 pub const NODES_PATH: &str = "/__picomq/nodes";
 pub const DRAIN_PATH: &str = "/__picomq/nodes/{id}/drain";
@@ -25,9 +25,7 @@ pub const RESUME_PATH: &str = "/__picomq/nodes/{id}/resume";
 const FINISHED_SHOWN: usize = 20;
 
 fn admin(app: &AppState, principal: Option<&Principal>) -> Result<(), ApiError> {
-    if let Some(auth) = &app.auth {
-        auth.require_op(principal, Op::Admin)?;
-    }
+    Access::new(app.auth.as_ref(), principal).node(Op::Admin)?;
     Ok(())
 }
 

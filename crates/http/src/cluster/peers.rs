@@ -6,179 +6,20 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 use bytes::Bytes;
-use picomq_client::Client;
-use picomq_engine::cluster::{ForkPin, Peers, PinnedFork};
-use picomq_engine::{EngineError, Offset, Result as EngineResult};
+use picomq_engine::cluster::ForkPin;
 use serde::Deserialize;
 
 use super::CLUSTER_KEY;
+use crate::app::AppState;
 use crate::error::ApiError;
-use crate::AppState;
-
-pub const PIN_PATH: &str = "/__picomq/cluster/fork-pin";
-pub const UNPIN_PATH: &str = "/__picomq/cluster/fork-unpin";
-pub const CASCADE_PATH: &str = "/__picomq/cluster/cascade";
-pub const NUDGE_PATH: &str = "/__picomq/cluster/nudge";
-pub const APPEND_PATH: &str = "/__picomq/cluster/append";
-pub const TAILS_PATH: &str = "/__picomq/cluster/tails";
-
-/// The durable tails of streams a member serves, asked by another (the index in
-/// the metadata store may lag them).
-#[derive(Deserialize, serde::Serialize)]
-pub struct Tails {
-    pub streams: Vec<String>,
-}
-
-/// At most this many streams per tails call.
-pub const TAILS_MAX: usize = 1_000;
-
-/// An append one member makes on a stream another serves (a subscription's wake
-/// event on its wake stream).
-#[derive(Deserialize, serde::Serialize)]
-pub struct Append {
-    pub stream: String,
-    pub body: String,
-}
-
-#[derive(Deserialize, serde::Serialize)]
-pub struct Unpin {
-    pub source_id: u64,
-    pub pin: u64,
-}
-
-#[derive(Deserialize, serde::Serialize)]
-pub struct Cascade {
-    pub source_id: u64,
-}
-
-/// The client side: calls another member with the cluster key.
-pub struct PeerClient {
-    key: String,
-    /// One client (and its connections) per member URL.
-    clients: std::sync::Mutex<std::collections::HashMap<String, Client>>,
-}
-
-impl PeerClient {
-    pub fn new(key: String) -> PeerClient {
-        PeerClient {
-            key,
-            clients: Default::default(),
-        }
-    }
-
-    fn client(&self, base: &str) -> Client {
-        let mut clients = self.clients.lock().expect("peer clients");
-        if clients.len() > 1024 {
-            clients.clear();
-        }
-        clients
-            .entry(base.to_string())
-            .or_insert_with(|| Client::new(base))
-            .clone()
-    }
-
-    async fn call(&self, base: &str, path: &str, body: String) -> EngineResult<Bytes> {
-        let client = self.client(base);
-        let headers = [
-            (CLUSTER_KEY, self.key.as_str()),
-            ("content-type", "application/json"),
-        ];
-        let resp = client
-            .send(
-                picomq_client::HttpMethod::POST,
-                path,
-                &headers,
-                Bytes::from(body),
-            )
-            .await
-            .map_err(|e| EngineError::Unavailable(format!("cluster member {base}: {e}")))?;
-        if resp.status.is_success() {
-            return Ok(resp.body);
-        }
-        Err(error_from(&resp))
-    }
-
-    /// The tails of `streams` (those the member at `base` serves), by name.
-    pub async fn tails(
-        &self,
-        base: &str,
-        streams: Vec<String>,
-    ) -> EngineResult<std::collections::HashMap<String, u64>> {
-        let call = serde_json::to_string(&Tails { streams }).expect("serializable");
-        let bytes = self.call(base, TAILS_PATH, call).await?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| EngineError::Internal(format!("tails answer from {base}: {e}")))
-    }
-
-    /// Appends the JSON `body` to `stream` at the member at `base`.
-    pub async fn append(&self, base: &str, stream: &str, body: String) -> EngineResult<()> {
-        let call = serde_json::to_string(&Append {
-            stream: stream.to_string(),
-            body,
-        })
-        .expect("serializable");
-        self.call(base, APPEND_PATH, call).await.map(|_| ())
-    }
-}
-
-/// The engine error a member's error answer stands for (statuses the engine's
-/// errors map to; see `error.rs`).
-fn error_from(resp: &picomq_client::Response) -> EngineError {
-    let message = resp.error_message();
-    let code = serde_json::from_slice::<serde_json::Value>(&resp.body)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    match (resp.status.as_u16(), code.as_str()) {
-        (404, "fork_source_not_found") | (404, "not_found") => EngineError::ForkSourceNotFound,
-        (410, "offset_trimmed") => {
-            let start = resp
-                .header("stream-start-offset")
-                .and_then(|s| Offset::parse(s).ok())
-                .unwrap_or(Offset::ZERO);
-            EngineError::Trimmed { start }
-        }
-        (410, _) => EngineError::Gone,
-        (409, _) => EngineError::Conflict(message),
-        (400, _) => EngineError::BadRequest(message),
-        (503, "not_owner") => EngineError::NotOwner,
-        _ => EngineError::Unavailable(format!(
-            "cluster member answered {}: {message}",
-            resp.status
-        )),
-    }
-}
-
-#[async_trait]
-impl Peers for PeerClient {
-    async fn pin_fork(&self, url: &str, pin: &ForkPin) -> EngineResult<PinnedFork> {
-        let body = serde_json::to_string(pin).expect("serializable");
-        let bytes = self.call(url, PIN_PATH, body).await?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| EngineError::Internal(format!("fork pin answer from {url}: {e}")))
-    }
-
-    async fn unpin_fork(&self, url: &str, source_id: u64, pin: u64) -> EngineResult<()> {
-        let body = serde_json::to_string(&Unpin { source_id, pin }).expect("serializable");
-        self.call(url, UNPIN_PATH, body).await.map(|_| ())
-    }
-
-    async fn cascade(&self, url: &str, source_id: u64) -> EngineResult<()> {
-        let body = serde_json::to_string(&Cascade { source_id }).expect("serializable");
-        self.call(url, CASCADE_PATH, body).await.map(|_| ())
-    }
-
-    async fn nudge(&self, url: &str) -> EngineResult<()> {
-        self.call(url, NUDGE_PATH, "{}".to_string())
-            .await
-            .map(|_| ())
-    }
-}
+use crate::members::client::{Append, Cascade, Tails, Unpin, TAILS_MAX};
+pub use crate::members::client::{
+    APPEND_PATH, CASCADE_PATH, NUDGE_PATH, PIN_PATH, TAILS_PATH, UNPIN_PATH,
+};
 
 /// Equal bytes, compared without an early exit (the time says nothing of how much
 /// of a guess was right).
@@ -212,7 +53,7 @@ async fn json_body<T: for<'de> Deserialize<'de>>(
     app: &AppState,
     body: Body,
 ) -> Result<T, ApiError> {
-    let bytes = crate::ds::read_body(body, BODY_BYTES_MAX, app.body_read_timeout).await?;
+    let bytes = crate::request::read_body(body, BODY_BYTES_MAX, app.body_read_timeout).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(format!("cluster call body is not the expected JSON: {e}"))
     })
@@ -227,7 +68,7 @@ pub async fn pin(
     let req: ForkPin = json_body(&app, body).await?;
     let pinned = app.engine.pin_fork(&req).await?;
     let value = serde_json::to_value(pinned).expect("serializable");
-    Ok(crate::json_response(StatusCode::OK, value))
+    Ok(crate::app::json_response(StatusCode::OK, value))
 }
 
 pub async fn unpin(
@@ -238,7 +79,10 @@ pub async fn unpin(
     check_key(&app, &headers)?;
     let req: Unpin = json_body(&app, body).await?;
     app.engine.unpin_fork(req.source_id, req.pin);
-    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+    Ok(crate::app::json_response(
+        StatusCode::OK,
+        serde_json::json!({}),
+    ))
 }
 
 pub async fn cascade(
@@ -249,7 +93,10 @@ pub async fn cascade(
     check_key(&app, &headers)?;
     let req: Cascade = json_body(&app, body).await?;
     app.engine.cascade_from_peer(req.source_id).await?;
-    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+    Ok(crate::app::json_response(
+        StatusCode::OK,
+        serde_json::json!({}),
+    ))
 }
 
 /// Another member finished a takeover: this one looks at the cluster now.
@@ -259,7 +106,10 @@ pub async fn nudge(
 ) -> Result<Response<Body>, ApiError> {
     check_key(&app, &headers)?;
     app.engine.cluster_changed();
-    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+    Ok(crate::app::json_response(
+        StatusCode::OK,
+        serde_json::json!({}),
+    ))
 }
 
 /// Another member appends to a stream this one serves.
@@ -280,7 +130,10 @@ pub async fn append(
         ))
         .await?;
     app.written(&name);
-    Ok(crate::json_response(StatusCode::OK, serde_json::json!({})))
+    Ok(crate::app::json_response(
+        StatusCode::OK,
+        serde_json::json!({}),
+    ))
 }
 
 /// Another member asks for the tails of streams this one serves.
@@ -306,7 +159,7 @@ pub async fn tails(
             out.insert(name, serde_json::json!(info.tail.0));
         }
     }
-    Ok(crate::json_response(
+    Ok(crate::app::json_response(
         StatusCode::OK,
         serde_json::Value::Object(out),
     ))

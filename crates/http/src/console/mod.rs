@@ -17,13 +17,13 @@ use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::routing::get;
 use axum::Router;
 
+use crate::app::AppState;
 use crate::error::ApiError;
-use crate::AppState;
 
 /// Where the console's page is.
 pub const PATH: &str = "/__picomq/console";
 /// Its files, by name (`app.js`, `app.css`).
-const FILE_PATH: &str = "/__picomq/console/{file}";
+pub const FILE_PATH: &str = "/__picomq/console/{file}";
 
 /// Everything the page loads comes from this server; scripts and styles only from
 /// their files (no inline code), no plugins, no `<base>`, no framing by other
@@ -59,10 +59,15 @@ const FILES: [Asset; 2] = [
 ];
 
 /// The console's routes, for the API router and the admin router alike.
+/// The console's index with a trailing `/`.
+pub const INDEX_PATH: &str = "/__picomq/console/";
+/// Every path [`routes`] serves.
+pub const PATHS: &[&str] = &[PATH, INDEX_PATH, FILE_PATH];
+
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route(PATH, get(index))
-        .route("/__picomq/console/", get(index))
+        .route(INDEX_PATH, get(index))
         .route(FILE_PATH, get(file))
 }
 

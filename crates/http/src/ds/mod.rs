@@ -15,11 +15,12 @@ use axum::http::{HeaderValue, Method, Request, Response, StatusCode};
 
 use picomq_engine::StreamName;
 
-use crate::auth::{Op, Principal};
+use crate::app::AppState;
+use crate::auth::{Access, Op, Principal};
 use crate::error::ApiError;
-use crate::AppState;
 
-pub use query::{percent_decode, read_params, stream_name};
+pub use crate::request::{percent_decode, read_body, stream_name};
+pub use query::read_params;
 
 pub type HttpResult = Result<Response<Body>, ApiError>;
 
@@ -53,14 +54,7 @@ pub async fn handle(
         ))
         .await;
     }
-    let mut name = query::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
-    if name.starts_with("__") {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "reserved_path",
-            "paths whose first segment starts with __ are reserved for server APIs",
-        ));
-    }
+    let name = crate::request::stream_name(uri.path(), app.engine.config().stream_name_bytes_max)?;
     let op = match method {
         Method::PUT => Op::Create,
         Method::POST => Op::Append,
@@ -71,15 +65,21 @@ pub async fn handle(
     // Authorization comes before any lookup: a refusal says nothing about whether the
     // stream exists. With a namespaced token, `name` becomes the absolute name.
     let principal = principal.as_ref();
-    let caller = match &app.auth {
-        None => Caller::Open,
-        Some(auth) if op != Op::Admin => {
-            name = auth.authorize_stream(principal, op, name)?;
-            Caller::Authorized {
-                principal: principal.expect("authorized callers have a principal"),
+    let access = Access::new(app.auth.as_ref(), principal);
+    let (name, caller) = match (&app.auth, principal) {
+        // An unsupported method answers 405 below, whoever asks.
+        _ if op == Op::Admin => {
+            if crate::auth::access::is_reserved(&name) {
+                return Err(crate::auth::access::reserved());
             }
+            (name, Caller::Open)
         }
-        Some(_) => Caller::Open,
+        (None, _) => (access.stream(op, &name)?, Caller::Open),
+        (Some(_), _) => {
+            let name = access.stream(op, &name)?;
+            let principal = principal.expect("authorized callers have a principal");
+            (name, Caller::Authorized { principal })
+        }
     };
     // The name as the engine takes it: checked once, here.
     let max = app.engine.config().stream_name_bytes_max;
@@ -160,98 +160,6 @@ impl Caller<'_> {
     }
 }
 
-/// Bytes past the limit a body may still bring that are read and dropped before its
-/// 413 is sent (see [`read_body`]).
-const DRAIN_BYTES_MAX: u64 = 16 << 20;
-
-/// Reads a request body, refusing more than `limit` bytes with 413 and a body that
-/// takes longer than `timeout` to arrive with 408.
-///
-/// The body is copied into an allocation of its own size. hyper hands a body over as
-/// a slice of the connection's read buffer (8 KiB or more), and the records cut from
-/// it live on in the tail cache, so a 1 KiB append kept that whole buffer alive and
-/// made hyper allocate a fresh one for the next request on the connection: the cache
-/// pinned ~8x the bytes it counted, and the fresh buffers were most of the server's
-/// page faults under load. One memcpy of the body is cheaper than either.
-///
-/// A body over the limit is still read (and dropped) up to [`DRAIN_BYTES_MAX`] past
-/// it: answered with its body unread, the connection is closed under a client that is
-/// still sending, which then sees a reset rather than the 413. Past that allowance
-/// the 413 goes out at once and the connection closes.
-pub async fn read_body(
-    body: Body,
-    limit: usize,
-    timeout: std::time::Duration,
-) -> Result<bytes::Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body exceeds the limit of {limit} bytes"),
-        )
-    };
-    let limit_u64 = limit as u64;
-    let drain_until = limit_u64.saturating_add(DRAIN_BYTES_MAX);
-    let hint = axum::body::HttpBody::size_hint(&body);
-    if hint.lower() > drain_until {
-        return Err(too_large().with_header("connection", "close"));
-    }
-    let mut over = hint.lower() > limit_u64;
-    // Sized by Content-Length, but never trusting a client's claim for more than 1 MiB
-    // of memory up front.
-    let mut out = Vec::with_capacity(if over {
-        0
-    } else {
-        hint.lower().min(1 << 20) as usize
-    });
-    let mut seen = 0u64;
-    let mut chunks = body.into_data_stream();
-    let read = async {
-        while let Some(chunk) = futures::StreamExt::next(&mut chunks).await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::bad_request(format!("could not read the request body: {e}"))
-            })?;
-            seen += chunk.len() as u64;
-            if seen > drain_until {
-                return Err(too_large().with_header("connection", "close"));
-            }
-            if seen > limit_u64 && !over {
-                over = true;
-                out = Vec::new();
-            }
-            if !over {
-                out.extend_from_slice(&chunk);
-            }
-        }
-        Ok(())
-    };
-    // A small body has usually arrived with its request (one read brought both), so
-    // the deadline's timer is armed only if the first poll has to wait: creating and
-    // dropping it was ~400 instructions of every append (callgrind).
-    let mut read = std::pin::pin!(read);
-    let read = match futures::FutureExt::now_or_never(read.as_mut()) {
-        Some(done) => Ok(done),
-        None => tokio::time::timeout(timeout, read).await,
-    };
-    match read {
-        Err(_) if over => return Err(too_large().with_header("connection", "close")),
-        Err(_) => {
-            return Err(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                format!("the request body did not arrive within {timeout:?}"),
-            )
-            .with_header("connection", "close"))
-        }
-        Ok(result) => result?,
-    }
-    if over {
-        return Err(too_large());
-    }
-    out.shrink_to_fit();
-    Ok(bytes::Bytes::from(out))
-}
-
 /// `Stream-Next-Offset` and friends: the wire form straight into a header value, with
 /// no formatter and no intermediate `String` (one of these is on every response).
 pub fn offset_value(offset: picomq_engine::Offset) -> HeaderValue {
@@ -322,7 +230,7 @@ mod tests {
         };
         let err = limit(Body::from(vec![0u8; 200])).await.unwrap_err();
         assert!(!closes(&err), "{err:?}");
-        let past = 100 + DRAIN_BYTES_MAX as usize + 1;
+        let past = 100 + crate::request::DRAIN_BYTES_MAX as usize + 1;
         let err = limit(Body::from(vec![0u8; past])).await.unwrap_err();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(closes(&err), "{err:?}");

@@ -1,77 +1,8 @@
-//! Request-target parsing for stream URLs: the stream name from the path (rejecting
-//! traversal and control characters) and the read parameters from the query.
+//! The read parameters of a stream URL's query (the stream name from its path is
+//! `request::stream_name`).
 
 use crate::error::ApiError;
-
-/// Percent-decodes `s`; `None` if an escape is malformed or the result is not UTF-8.
-pub fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
-                out.push(v);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The stream name a request path addresses: the path without its leading `/`.
-pub fn stream_name(path: &str, max_bytes: usize) -> Result<String, ApiError> {
-    let name = path.strip_prefix('/').unwrap_or(path);
-    if name.is_empty() {
-        return Err(ApiError::new(
-            axum::http::StatusCode::NOT_FOUND,
-            "not_found",
-            "no stream at /; streams live at any other path, e.g. /v1/stream/NAME",
-        ));
-    }
-    if name.len() > max_bytes {
-        return Err(ApiError::bad_request(format!(
-            "stream name is {} bytes; the limit is {max_bytes}",
-            name.len()
-        )));
-    }
-    for segment in name.split('/') {
-        // Most segments have nothing to decode: check them in place, no allocation.
-        let decoded = if segment.bytes().any(|b| b == b'%' || b == b'+') {
-            std::borrow::Cow::Owned(percent_decode(segment).ok_or_else(|| {
-                ApiError::bad_request("stream path has a malformed percent-escape")
-            })?)
-        } else {
-            std::borrow::Cow::Borrowed(segment)
-        };
-        if segment.is_empty() {
-            return Err(ApiError::bad_request(
-                "stream path has an empty segment (// or a trailing /)",
-            ));
-        }
-        if decoded == "." || decoded == ".." || decoded.contains('/') || decoded.contains('\\') {
-            return Err(ApiError::bad_request(
-                "stream path must not contain . or .. segments or encoded slashes",
-            ));
-        }
-        if decoded.chars().any(|c| c.is_control()) {
-            return Err(ApiError::bad_request(
-                "stream path must not contain control characters",
-            ));
-        }
-    }
-    Ok(name.to_string())
-}
+use crate::request::percent_decode;
 
 #[derive(Debug, Default)]
 pub struct ReadParams {
@@ -138,23 +69,6 @@ pub fn read_params(query: Option<&str>) -> Result<ReadParams, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_reject_traversal() {
-        assert_eq!(stream_name("/v1/stream/a", 100).unwrap(), "v1/stream/a");
-        for bad in [
-            "/a/../b",
-            "/a/./b",
-            "/a//b",
-            "/a/%2e%2e/b",
-            "/a/%2F",
-            "/a/b/",
-            "/a/%00",
-        ] {
-            assert!(stream_name(bad, 100).is_err(), "{bad}");
-        }
-        assert!(stream_name(&format!("/{}", "x".repeat(101)), 100).is_err());
-    }
 
     #[test]
     fn query_rejects_repeated_offset() {

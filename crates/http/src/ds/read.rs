@@ -9,10 +9,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 use picomq_engine::{OffsetQuery, ReadChunk, StreamName, StreamRef};
 
 use super::{offset_value, query, value, Caller, HttpResult};
+use crate::app::AppState;
 use crate::cursor::next_cursor;
 use crate::error::ApiError;
 use crate::headers::*;
-use crate::AppState;
 
 /// Catch-up chunks that are not at the tail never change: let caches keep them.
 const CACHE_IMMUTABLE_CHUNK: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -81,8 +81,8 @@ pub async fn get(
     let mut params = query::read_params(raw_query)?;
     if let (None, Some(consumer)) = (&params.offset, &params.consumer) {
         // A server-kept position (`positions.rs`); none yet: the beginning.
-        crate::positions::check_consumer(consumer)?;
-        let at = app.positions.get(consumer, &name).await?;
+        picomq_consumers::positions::check_consumer(consumer)?;
+        let at = app.consumers.positions.get(consumer, &name).await?;
         params.offset = Some(at.map_or_else(|| "-1".to_string(), |o| o.to_string()));
     }
     let live = Live::parse(params.live.as_deref())?;

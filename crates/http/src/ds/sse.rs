@@ -17,10 +17,10 @@ use picomq_engine::{EngineError, Offset, StreamRef, WaitOutcome};
 use tokio::sync::watch;
 
 use super::read::body_of;
+use crate::app::AppState;
 use crate::auth::{Auth, Principal};
 use crate::cursor::next_cursor;
 use crate::headers::STREAM_SSE_DATA_ENCODING;
-use crate::AppState;
 
 #[derive(Clone, Copy)]
 enum Encoding {

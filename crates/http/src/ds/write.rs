@@ -7,12 +7,12 @@ use picomq_engine::{
     Producer, ProducerId, StreamName,
 };
 
-use super::{offset_value, query, read_body, value, Caller, HttpResult};
+use super::{offset_value, read_body, value, Caller, HttpResult};
+use crate::app::AppState;
 use crate::auth::quota::Admitted;
-use crate::auth::Op;
+use crate::auth::{Access, Op};
 use crate::error::ApiError;
 use crate::headers::{self, *};
-use crate::AppState;
 
 /// The request's Content-Type as the client sent it (trimmed), if any.
 fn content_type(app: &AppState, headers: &HeaderMap) -> Result<Option<ContentType>, ApiError> {
@@ -135,10 +135,12 @@ fn fork(
         return Ok(None);
     };
     let max = app.engine.config().stream_name_bytes_max;
-    let mut source = query::stream_name(source.trim(), max)?;
-    if let (Some(auth), Caller::Authorized { principal, .. }) = (&app.auth, caller) {
-        source = auth.authorize_stream(Some(principal), Op::Read, source)?;
-    }
+    let source = crate::request::stream_name(source.trim(), max)?;
+    let principal = match caller {
+        Caller::Authorized { principal } => Some(*principal),
+        Caller::Open => None,
+    };
+    let source = Access::new(app.auth.as_ref(), principal).stream(Op::Read, &source)?;
     let offset = fork_offset
         .map(|o| {
             Offset::parse(o).map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}")))

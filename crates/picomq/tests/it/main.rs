@@ -6,8 +6,10 @@
 mod abuse_limits;
 mod active_stream_limit;
 mod append_durability;
+mod auth_consumers;
 mod auth_logs;
 mod auth_matrix;
+mod auth_routes;
 mod bad_input;
 mod bench_command;
 mod browser_cors;

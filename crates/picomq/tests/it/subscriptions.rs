@@ -354,8 +354,9 @@ async fn bad_subscription_requests_are_refused_with_a_reason() {
     );
 }
 
-/// With `--auth required`: managing subscriptions needs `subscribe`, claiming
-/// needs `claim`, callbacks and acks take the wake's own token; the JWKS is public.
+/// With `--auth required`: managing subscriptions needs `subscribe` (and read on
+/// what they link, append on their wake stream), claiming needs `claim`, callbacks
+/// and acks take the wake's own token; the JWKS is public.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auth_subscriptions_need_their_scopes() {
     let dir = TempDir::new("sub-auth");
@@ -365,7 +366,9 @@ async fn with_auth_subscriptions_need_their_scopes() {
         support::issue_token(c, support::ADMIN_SECRET, json!({ "scopes": scopes }))
     };
     let (_, writer) = issue(&["create:**", "append:**", "read:**"]).await;
-    let (_, manager) = issue(&["subscribe:**", "create:**", "append:**"]).await;
+    // Managing a subscription also reads its linked streams and appends to its
+    // wake stream: the manager needs those rights too.
+    let (_, manager) = issue(&["subscribe:**", "create:**", "append:**", "read:**"]).await;
     let (_, worker) = issue(&["claim:**"]).await;
     let as_token = |t: &str| support::bearer(t);
 

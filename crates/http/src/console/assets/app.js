@@ -972,7 +972,7 @@ pages.cluster = (view, page) => {
 const PROBES = [
   ["Overview (metrics)", "/metrics", "admin"],
   ["List streams", "/__picomq/streams?limit=1", "read on some streams"],
-  ["Consumer groups", "/__picomq/groups", "subscribe or claim on their streams"],
+  ["Consumer groups", "/__picomq/groups", "subscribe on their streams"],
   ["Subscriptions", "/__picomq/subscriptions", "subscribe"],
   ["Cluster nodes", "/__picomq/nodes", "admin"],
   ["Manage tokens", "/__picomq/tokens", "tokens"],

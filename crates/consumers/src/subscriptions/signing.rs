@@ -14,8 +14,8 @@ use base64::Engine as _;
 use picomq_engine::Engine;
 use ring::signature::{Ed25519KeyPair, KeyPair};
 
-use crate::auth::credential::random_bytes;
-use crate::error::ApiError;
+use crate::error::ConsumerError;
+use crate::random_bytes;
 
 /// The server key name of signing key `n`.
 fn key_name(n: u32) -> String {
@@ -36,9 +36,9 @@ pub struct SigningKey {
 }
 
 impl SigningKey {
-    fn from_seed(seed: &[u8]) -> Result<SigningKey, ApiError> {
+    fn from_seed(seed: &[u8]) -> Result<SigningKey, ConsumerError> {
         let pair = Ed25519KeyPair::from_seed_unchecked(seed)
-            .map_err(|_| ApiError::internal("a webhook signing key is not 32 bytes"))?;
+            .map_err(|_| ConsumerError::internal("a webhook signing key is not 32 bytes"))?;
         let public = pair.public_key().as_ref().to_vec();
         Ok(SigningKey {
             kid: kid_of(&public),
@@ -95,7 +95,10 @@ impl Default for Signer {
 impl Signer {
     /// Every key, loading the first one (created on first use) and any a rotation
     /// added since the list was last looked at.
-    pub async fn keys(&self, engine: &Engine) -> Result<Vec<std::sync::Arc<SigningKey>>, ApiError> {
+    pub async fn keys(
+        &self,
+        engine: &Engine,
+    ) -> Result<Vec<std::sync::Arc<SigningKey>>, ConsumerError> {
         let (have, fresh) = {
             let keys = self.keys.lock().expect("signer lock");
             let fresh = keys.checked.is_some_and(|t| t.elapsed() < KEYS_FRESH_FOR);
@@ -127,20 +130,22 @@ impl Signer {
     }
 
     /// The active key.
-    pub async fn active(&self, engine: &Engine) -> Result<std::sync::Arc<SigningKey>, ApiError> {
+    pub async fn active(
+        &self,
+        engine: &Engine,
+    ) -> Result<std::sync::Arc<SigningKey>, ConsumerError> {
         let keys = self.keys(engine).await?;
         Ok(keys.last().expect("at least one key").clone())
     }
 
     /// Logs a new key, which becomes the active one; returns its kid.
-    pub async fn rotate(&self, engine: &Engine) -> Result<String, ApiError> {
+    pub async fn rotate(&self, engine: &Engine) -> Result<String, ConsumerError> {
         let n = {
             self.keys.lock().expect("signer lock").checked = None;
             self.keys(engine).await?.len() as u32
         };
         if n >= KEYS_MAX {
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
+            return Err(ConsumerError::conflict(
                 "too_many_keys",
                 format!("{KEYS_MAX} webhook signing keys exist; no more can be added"),
             ));
@@ -153,7 +158,7 @@ impl Signer {
     }
 
     /// The JWK Set of every key.
-    pub async fn jwks(&self, engine: &Engine) -> Result<serde_json::Value, ApiError> {
+    pub async fn jwks(&self, engine: &Engine) -> Result<serde_json::Value, ConsumerError> {
         let keys = self.keys(engine).await?;
         Ok(serde_json::json!({ "keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>() }))
     }

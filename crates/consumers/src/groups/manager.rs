@@ -25,8 +25,8 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 use super::state::{Back, Event, GroupConfig, GroupState, Handed};
-use crate::error::ApiError;
-use crate::AppState;
+use crate::error::ConsumerError;
+use crate::Consumers;
 
 pub const STATE_PREFIX: &str = "__groups/";
 /// Events between snapshots (and trims of the events before them).
@@ -47,7 +47,7 @@ pub struct Groups {
     /// Whether any group is loaded: the only thing an append looks at while none is.
     any: std::sync::atomic::AtomicBool,
     loading: tokio::sync::Mutex<()>,
-    app: std::sync::OnceLock<Weak<AppState>>,
+    hub: std::sync::OnceLock<Weak<Consumers>>,
 }
 
 pub struct Group {
@@ -103,16 +103,12 @@ pub fn state_stream(group: &str, stream: &str) -> String {
     format!("{STATE_PREFIX}{group}/{stream}")
 }
 
-pub fn not_found(group: &str) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::NOT_FOUND,
-        "group_not_found",
-        format!("no consumer group {group:?}"),
-    )
+pub fn not_found(group: &str) -> ConsumerError {
+    ConsumerError::not_found("group_not_found", format!("no consumer group {group:?}"))
 }
 
-pub fn check_group_name(group: &str) -> Result<(), ApiError> {
-    crate::positions::check_key_name("group", group, GROUP_NAME_BYTES_MAX)
+pub fn check_group_name(group: &str) -> Result<(), ConsumerError> {
+    crate::names::check_key_name("group", group, GROUP_NAME_BYTES_MAX)
 }
 
 impl Groups {
@@ -123,16 +119,16 @@ impl Groups {
             streams: Mutex::new(HashMap::new()),
             any: std::sync::atomic::AtomicBool::new(false),
             loading: tokio::sync::Mutex::new(()),
-            app: std::sync::OnceLock::new(),
+            hub: std::sync::OnceLock::new(),
         })
     }
 
-    pub fn connect(&self, app: &Arc<AppState>) {
-        let _ = self.app.set(Arc::downgrade(app));
+    pub(crate) fn connect(&self, hub: Weak<Consumers>) {
+        let _ = self.hub.set(hub);
     }
 
-    fn name(&self, s: String) -> Result<StreamName, ApiError> {
-        StreamName::new(s, self.engine.config().stream_name_bytes_max).map_err(ApiError::from)
+    fn name(&self, s: String) -> Result<StreamName, ConsumerError> {
+        StreamName::new(s, self.engine.config().stream_name_bytes_max).map_err(ConsumerError::from)
     }
 
     /// A write to stream `name` was acknowledged: wake the group's waiting claims.
@@ -153,7 +149,7 @@ impl Groups {
     }
 
     /// The stream of group `group`, from the metadata (every member sees it).
-    pub async fn stream_of(&self, group: &str) -> Result<Option<String>, ApiError> {
+    pub async fn stream_of(&self, group: &str) -> Result<Option<String>, ConsumerError> {
         if let Some(s) = self.streams.lock().expect("group streams").get(group) {
             return Ok(Some(s.clone()));
         }
@@ -180,7 +176,7 @@ impl Groups {
     }
 
     /// Every group: `(group, stream)`, in name order, at most `limit`.
-    pub async fn list(&self, limit: usize) -> Result<Vec<(String, String)>, ApiError> {
+    pub async fn list(&self, limit: usize) -> Result<Vec<(String, String)>, ConsumerError> {
         let mut out = Vec::new();
         let mut after = String::new();
         while out.len() < limit {
@@ -200,7 +196,11 @@ impl Groups {
     }
 
     /// The group, loaded from its events if this node has not loaded it.
-    pub async fn get(&self, group: &str, stream: &str) -> Result<Option<Arc<Group>>, ApiError> {
+    pub async fn get(
+        &self,
+        group: &str,
+        stream: &str,
+    ) -> Result<Option<Arc<Group>>, ConsumerError> {
         let key = state_stream(group, stream);
         if let Some(g) = self.registered(&key) {
             return Ok(Some(g));
@@ -227,7 +227,7 @@ impl Groups {
         self.any.store(!groups.is_empty(), Ordering::Relaxed);
     }
 
-    async fn load(&self, key: &str, stream: &str) -> Result<Option<Arc<Group>>, ApiError> {
+    async fn load(&self, key: &str, stream: &str) -> Result<Option<Arc<Group>>, ConsumerError> {
         let state_name = self.name(key.to_string())?;
         let handle = match self.engine.stream(&state_name).await {
             Ok(s) => s,
@@ -241,7 +241,7 @@ impl Groups {
             let chunk = self.engine.read(&handle, from, 4 << 20).await?;
             for seg in &chunk.segments {
                 let event: Event = serde_json::from_slice(seg).map_err(|e| {
-                    ApiError::internal(format!("group events of {key} are unreadable: {e}"))
+                    ConsumerError::internal(format!("group events of {key} are unreadable: {e}"))
                 })?;
                 match (&mut state, &event) {
                     (_, Event::Snapshot(s)) => {
@@ -292,23 +292,26 @@ impl Groups {
 
     /// Creates a group on `config.stream` starting at `from`; `false` if it
     /// existed with the same stream (any other stream: 409).
-    pub async fn create(&self, mut config: GroupConfig, from: &str) -> Result<bool, ApiError> {
+    pub async fn create(&self, mut config: GroupConfig, from: &str) -> Result<bool, ConsumerError> {
         check_group_name(&config.group)?;
         let _loading = self.loading.lock().await;
         if let Some(stream) = self.stream_of(&config.group).await? {
             if stream == config.stream {
                 return Ok(false);
             }
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
+            return Err(ConsumerError::conflict(
                 "group_exists",
-                format!("group {:?} exists on stream {stream:?}", config.group),
+                // Not naming the stream: the caller may not be allowed to know it.
+                format!(
+                    "group {:?} exists on another stream (group names are unique on the server)",
+                    config.group
+                ),
             ));
         }
         let stream = self.name(config.stream.clone())?;
         let data = self.engine.stream(&stream).await?;
         let query = OffsetQuery::parse(from)
-            .map_err(|e| ApiError::bad_request(format!("--from / \"from\": {e}")))?;
+            .map_err(|e| ConsumerError::invalid(format!("--from / \"from\": {e}")))?;
         let start = self.engine.read_start(&data, query).await?;
         let cursor = match query {
             OffsetQuery::At(o) if !start.past_tail => o.0,
@@ -333,7 +336,7 @@ impl Groups {
         Ok(true)
     }
 
-    pub async fn delete(&self, group: &str, stream: &str) -> Result<(), ApiError> {
+    pub async fn delete(&self, group: &str, stream: &str) -> Result<(), ConsumerError> {
         self.forget_stream(group);
         let key = state_stream(group, stream);
         if let Some(g) = self.registered(&key) {
@@ -375,16 +378,16 @@ impl Groups {
 
     /// Waits until the events behind `written` are durable, writing the queue if
     /// no other request is writing it.
-    async fn flush(&self, g: &Arc<Group>, written: Vec<Written>) -> Result<(), ApiError> {
+    async fn flush(&self, g: &Arc<Group>, written: Vec<Written>) -> Result<(), ConsumerError> {
         for mut rx in written {
             loop {
                 if let Ok(r) = rx.try_recv() {
-                    r.map_err(|e| ApiError::from(EngineError::Unavailable(e)))?;
+                    r.map_err(|e| ConsumerError::from(EngineError::Unavailable(e)))?;
                     break;
                 }
                 let _writer = g.writer.lock().await;
                 if let Ok(r) = rx.try_recv() {
-                    r.map_err(|e| ApiError::from(EngineError::Unavailable(e)))?;
+                    r.map_err(|e| ConsumerError::from(EngineError::Unavailable(e)))?;
                     break;
                 }
                 let batch = std::mem::take(&mut *g.queue.lock().expect("group queue"));
@@ -465,7 +468,7 @@ impl Groups {
         }
     }
 
-    fn check(g: &Group) -> Result<(), ApiError> {
+    fn check(g: &Group) -> Result<(), ConsumerError> {
         if g.broken.load(Ordering::SeqCst) {
             return Err(EngineError::Unavailable(
                 "this consumer group is being loaded again after a failed write; retry".into(),
@@ -482,7 +485,7 @@ impl Groups {
         consumer: &str,
         max: usize,
         wait: Duration,
-    ) -> Result<(Vec<Message>, u64), ApiError> {
+    ) -> Result<(Vec<Message>, u64), ConsumerError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = g.data.notified();
@@ -511,7 +514,7 @@ impl Groups {
         g: &Arc<Group>,
         consumer: &str,
         max: usize,
-    ) -> Result<(Vec<Message>, u64, Option<u64>), ApiError> {
+    ) -> Result<(Vec<Message>, u64, Option<u64>), ConsumerError> {
         Self::check(g)?;
         let mut written = Vec::new();
         let mut guard = g.live.lock().await;
@@ -594,7 +597,7 @@ impl Groups {
         cursor: &mut u64,
         cursor_append: &mut u64,
         max: usize,
-    ) -> Result<Vec<(u64, u64, u64, Bytes)>, ApiError> {
+    ) -> Result<Vec<(u64, u64, u64, Bytes)>, ConsumerError> {
         let mut out = Vec::new();
         for _ in 0..8 {
             while out.len() < max {
@@ -661,7 +664,7 @@ impl Groups {
         json: bool,
         back: &Back,
         offset: u64,
-    ) -> Result<Option<Bytes>, ApiError> {
+    ) -> Result<Option<Bytes>, ConsumerError> {
         let stream = self.engine.stream(&g.stream).await?;
         let chunk = match self
             .engine
@@ -685,7 +688,7 @@ impl Groups {
         g: &Arc<Group>,
         live: &mut Live,
         dead: super::state::BackList,
-    ) -> Result<Written, ApiError> {
+    ) -> Result<Written, ConsumerError> {
         let mut records = Vec::with_capacity(dead.len());
         for (offset, back) in &dead {
             let body = self.read_one(g, live.json, back, *offset).await?;
@@ -707,7 +710,7 @@ impl Groups {
 
     /// Appends to the dead-letter stream (created as a JSON stream if it is not
     /// there), here or at the member serving it.
-    async fn append_dead(&self, name: &str, body: Bytes) -> Result<(), ApiError> {
+    async fn append_dead(&self, name: &str, body: Bytes) -> Result<(), ConsumerError> {
         let stream = self.name(name.to_string())?;
         let mut create = CreateRequest::new(stream.clone());
         create.content_type = Some(ContentType::json());
@@ -721,21 +724,16 @@ impl Groups {
             self.engine
                 .append(AppendRequest::new(stream, Some(ContentType::json()), body))
                 .await?;
-            if let Some(app) = self.app.get().and_then(Weak::upgrade) {
-                app.written(name);
+            if let Some(hub) = self.hub.get().and_then(Weak::upgrade) {
+                hub.written(name);
             }
             return Ok(());
         }
-        let app = self
-            .app
-            .get()
-            .and_then(Weak::upgrade)
-            .ok_or_else(|| ApiError::from(EngineError::NotOwner))?;
-        crate::cluster::append_at_owner(&app, name, body).await
+        crate::append_at_owner(&self.engine, name, body).await
     }
 
     /// Acks `offsets`; returns how many were out or handed back.
-    pub async fn ack(&self, g: &Arc<Group>, offsets: Vec<u64>) -> Result<usize, ApiError> {
+    pub async fn ack(&self, g: &Arc<Group>, offsets: Vec<u64>) -> Result<usize, ConsumerError> {
         Self::check(g)?;
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;
@@ -759,7 +757,7 @@ impl Groups {
         g: &Arc<Group>,
         offsets: Vec<u64>,
         delay: Duration,
-    ) -> Result<usize, ApiError> {
+    ) -> Result<usize, ConsumerError> {
         Self::check(g)?;
         let mut written = Vec::new();
         let mut guard = g.live.lock().await;
@@ -800,7 +798,7 @@ impl Groups {
     }
 
     /// The group's configuration and counts.
-    pub async fn describe(&self, g: &Arc<Group>) -> Result<Value, ApiError> {
+    pub async fn describe(&self, g: &Arc<Group>) -> Result<Value, ConsumerError> {
         let tail = self.engine.head(&g.stream).await.map(|i| i.tail.0).ok();
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;

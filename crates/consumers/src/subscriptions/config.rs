@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ApiError;
+use crate::error::ConsumerError;
 
 /// Lease bounds of PROTOCOL.md section 6.2.
 pub const LEASE_TTL_MS_MIN: u64 = 1_000;
@@ -78,13 +78,13 @@ struct WebhookBody {
     url: String,
 }
 
-fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).with_code("INVALID_REQUEST")
+fn invalid(message: impl Into<String>) -> ConsumerError {
+    ConsumerError::invalid(message).with_code("INVALID_REQUEST")
 }
 
 /// Parses and checks a PUT body. `allow_private` lifts the network checks of
 /// webhook URLs (a receiver inside a private network).
-pub fn parse_put(body: &[u8], allow_private: bool) -> Result<SubConfig, ApiError> {
+pub fn parse_put(body: &[u8], allow_private: bool) -> Result<SubConfig, ConsumerError> {
     let body: PutBody = serde_json::from_slice(body)
         .map_err(|e| invalid(format!("subscription body is not valid: {e}")))?;
     let kind = match body.kind.as_deref() {
@@ -164,7 +164,7 @@ pub fn parse_put(body: &[u8], allow_private: bool) -> Result<SubConfig, ApiError
 }
 
 /// A stream-root-relative path: segments without `.`/`..`, not under `__ds`.
-pub fn check_path(path: &str) -> Result<String, ApiError> {
+pub fn check_path(path: &str) -> Result<String, ConsumerError> {
     let path = path.trim_matches('/');
     if path.is_empty() || path.len() > 1024 {
         return Err(invalid(format!(
@@ -184,7 +184,7 @@ pub fn check_path(path: &str) -> Result<String, ApiError> {
     Ok(path.to_string())
 }
 
-fn check_pattern(pattern: &str) -> Result<(), ApiError> {
+fn check_pattern(pattern: &str) -> Result<(), ConsumerError> {
     if pattern.is_empty() || pattern.len() > 1024 {
         return Err(invalid("pattern must have 1 to 1024 bytes"));
     }
@@ -257,15 +257,15 @@ pub fn literal_prefix(pattern: &str) -> String {
     out
 }
 
-fn rejected(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).with_code("WEBHOOK_URL_REJECTED")
+fn rejected(message: impl Into<String>) -> ConsumerError {
+    ConsumerError::invalid(message).with_code("WEBHOOK_URL_REJECTED")
 }
 
 /// PROTOCOL.md 6.2: `https://` anywhere public; `http://` only to `localhost` or
 /// `127.0.0.x`; no private, link-local or other local targets (unless
 /// `allow_private`). Names are checked again once resolved, at delivery
 /// ([`address_allowed`]).
-pub fn check_webhook_url(raw: &str, allow_private: bool) -> Result<(), ApiError> {
+pub fn check_webhook_url(raw: &str, allow_private: bool) -> Result<(), ConsumerError> {
     if raw.len() > URL_BYTES_MAX {
         return Err(rejected(format!(
             "webhook URL is longer than {URL_BYTES_MAX} bytes"

@@ -12,10 +12,10 @@ use axum::Extension;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{scope, Auth, Op, Principal, Scope, Token, TokenRequest};
-use crate::ds::read_body;
+use crate::app::{json_response, AppState};
+use crate::auth::{forbidden, scope, Access, Auth, Op, Principal, Scope, Token, TokenRequest};
 use crate::error::ApiError;
-use crate::{json_response, AppState};
+use crate::request::read_body;
 
 pub const TOKENS_PATH: &str = "/__picomq/tokens";
 pub const TOKEN_PATH: &str = "/__picomq/tokens/{id}";
@@ -86,7 +86,9 @@ pub async fn create(
     body: Body,
 ) -> Result<Response<Body>, ApiError> {
     let auth = auth(&app)?;
-    let issuer = auth.require_op(caller.as_deref(), Op::Tokens)?;
+    let issuer = Access::new(app.auth.as_ref(), caller.as_deref())
+        .node(Op::Tokens)?
+        .expect("authentication is on");
     let req: CreateBody = json_body(&app, body).await?;
     if req.scopes.len() > scope::SCOPES_MAX {
         return Err(ApiError::bad_request(format!(
@@ -140,7 +142,9 @@ pub async fn list(
     caller: Caller,
 ) -> Result<Response<Body>, ApiError> {
     let auth = auth(&app)?;
-    let viewer = auth.require_op(caller.as_deref(), Op::Tokens)?;
+    let viewer = Access::new(app.auth.as_ref(), caller.as_deref())
+        .node(Op::Tokens)?
+        .expect("authentication is on");
     let tokens: Vec<Value> = auth
         .visible(&viewer)
         .iter()
@@ -155,7 +159,9 @@ pub async fn revoke(
     Path(id): Path<String>,
 ) -> Result<Response<Body>, ApiError> {
     let auth = auth(&app)?;
-    let viewer = auth.require_op(caller.as_deref(), Op::Tokens)?;
+    let viewer = Access::new(app.auth.as_ref(), caller.as_deref())
+        .node(Op::Tokens)?
+        .expect("authentication is on");
     if id.len() > 64 || !auth.revoke(&viewer, &id).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -187,12 +193,12 @@ pub async fn mint_read_token(
     let auth = auth(&app)?;
     let caller = caller.as_deref();
     if matches!(caller, Some(Principal::ReadLink { .. })) {
-        return Err(super::forbidden("a read token cannot mint read tokens"));
+        return Err(forbidden("a read token cannot mint read tokens"));
     }
     let req: ReadTokenBody = json_body(&app, body).await?;
     let path = format!("/{}", req.stream.trim_start_matches('/'));
-    let name = crate::ds::stream_name(&path, app.engine.config().stream_name_bytes_max)?;
-    let name = auth.authorize_stream(caller, Op::Read, name)?;
+    let name = crate::request::stream_name(&path, app.engine.config().stream_name_bytes_max)?;
+    let name = Access::new(app.auth.as_ref(), caller).stream(Op::Read, &name)?;
     let max = auth.config.read_token_ttl_max.as_secs().max(1);
     let ttl = req
         .expires_in_seconds

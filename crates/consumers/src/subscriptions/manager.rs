@@ -26,9 +26,12 @@ use tokio::sync::Notify;
 use super::config::{self, glob_matches, literal_prefix, Kind, SubConfig, STREAMS_MAX};
 use super::signing::{signature_header, Signer};
 use super::state::{Link, SubState, WakeRequest};
-use crate::error::ApiError;
-use crate::AppState;
+use crate::error::ConsumerError;
+use crate::Consumers;
+use picomq_engine::shutdown::ShutdownSignal;
 
+/// Most streams one tails call asks a member for.
+const TAILS_ASKED_MAX: usize = 1_000;
 /// Where every subscription's state stream lives.
 pub const STATE_PREFIX: &str = "__subscriptions/";
 /// A state stream is trimmed to its last message after this many changes.
@@ -68,10 +71,10 @@ pub struct Subscriptions {
     any: AtomicBool,
     pub signer: Signer,
     webhooks: Mutex<HashMap<String, picomq_client::Client>>,
-    /// For appends to wake streams another member serves.
-    app: std::sync::OnceLock<Weak<AppState>>,
+    /// The node's consumers, told of the wake events this one appends.
+    hub: std::sync::OnceLock<Weak<Consumers>>,
     pub counters: super::Counters,
-    shutdown: crate::shutdown::ShutdownSignal,
+    shutdown: ShutdownSignal,
 }
 
 /// One subscription this node drives.
@@ -100,16 +103,12 @@ pub fn state_stream(path: &str) -> String {
     format!("{STATE_PREFIX}{path}")
 }
 
-fn unavailable(e: EngineError) -> ApiError {
-    ApiError::from(e)
+fn unavailable(e: EngineError) -> ConsumerError {
+    ConsumerError::from(e)
 }
 
 impl Subscriptions {
-    pub fn new(
-        engine: Engine,
-        settings: Settings,
-        shutdown: crate::shutdown::ShutdownSignal,
-    ) -> Arc<Subscriptions> {
+    pub fn new(engine: Engine, settings: Settings, shutdown: ShutdownSignal) -> Arc<Subscriptions> {
         Arc::new(Subscriptions {
             engine,
             settings,
@@ -118,14 +117,18 @@ impl Subscriptions {
             any: AtomicBool::new(false),
             signer: Signer::default(),
             webhooks: Mutex::new(HashMap::new()),
-            app: std::sync::OnceLock::new(),
+            hub: std::sync::OnceLock::new(),
             counters: super::Counters::default(),
             shutdown,
         })
     }
 
-    pub fn connect(&self, app: &Arc<AppState>) {
-        let _ = self.app.set(Arc::downgrade(app));
+    pub(crate) fn connect(&self, hub: Weak<Consumers>) {
+        let _ = self.hub.set(hub);
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     fn now_ms(&self) -> u64 {
@@ -191,7 +194,7 @@ impl Subscriptions {
 
     /// The subscription at URL path `path`, loaded from its stream if this node
     /// has not loaded it yet; `None` if there is none.
-    pub async fn get(self: &Arc<Self>, path: &str) -> Result<Option<Arc<Sub>>, ApiError> {
+    pub async fn get(self: &Arc<Self>, path: &str) -> Result<Option<Arc<Sub>>, ConsumerError> {
         let name = state_stream(path);
         if let Some(sub) = self.registered(&name) {
             return Ok(Some(sub));
@@ -214,9 +217,9 @@ impl Subscriptions {
     }
 
     /// Reads a state stream's last message and starts driving it.
-    async fn load(self: &Arc<Self>, name: &str) -> Result<Option<Arc<Sub>>, ApiError> {
+    async fn load(self: &Arc<Self>, name: &str) -> Result<Option<Arc<Sub>>, ConsumerError> {
         let max = self.engine.config().stream_name_bytes_max;
-        let stream_name = StreamName::new(name.to_string(), max).map_err(ApiError::from)?;
+        let stream_name = StreamName::new(name.to_string(), max).map_err(ConsumerError::from)?;
         let stream = match self.engine.stream(&stream_name).await {
             Ok(s) => s,
             Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
@@ -237,7 +240,7 @@ impl Subscriptions {
         }
         let Some(last) = last else { return Ok(None) };
         let state: SubState = serde_json::from_slice(&last).map_err(|e| {
-            ApiError::internal(format!("subscription state {name} is unreadable: {e}"))
+            ConsumerError::internal(format!("subscription state {name} is unreadable: {e}"))
         })?;
         tracing::info!(subscription = %state.id, generation = state.generation, "loaded a subscription");
         let sub = Sub::new(stream_name, state, from);
@@ -254,7 +257,7 @@ impl Subscriptions {
         root: &str,
         root_url: &str,
         config: SubConfig,
-    ) -> Result<(bool, Arc<Sub>), ApiError> {
+    ) -> Result<(bool, Arc<Sub>), ConsumerError> {
         let hash = config.hash();
         if let Some(sub) = self.get(path).await? {
             let live = sub.live.lock().await;
@@ -263,22 +266,21 @@ impl Subscriptions {
             if same {
                 return Ok((false, sub));
             }
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
+            return Err(ConsumerError::conflict(
                 "SUBSCRIPTION_ALREADY_EXISTS",
                 "a subscription with this id exists with another configuration",
             ));
         }
         let _loading = self.loading.lock().await;
         if self.len() >= SUBSCRIPTIONS_MAX {
-            return Err(ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
+            return Err(ConsumerError::refused(
+                crate::error::Refusal::Busy,
                 "too_many_subscriptions",
                 format!("this node holds {SUBSCRIPTIONS_MAX} subscriptions, its limit"),
             ));
         }
         let max = self.engine.config().stream_name_bytes_max;
-        let name = StreamName::new(state_stream(path), max).map_err(ApiError::from)?;
+        let name = StreamName::new(state_stream(path), max).map_err(ConsumerError::from)?;
         let mut create = CreateRequest::new(name.clone());
         create.content_type = Some(ContentType::json());
         self.engine.create(create).await?;
@@ -333,7 +335,7 @@ impl Subscriptions {
     }
 
     /// Deletes a subscription: its state stream goes, and with it every wake.
-    pub async fn delete(self: &Arc<Self>, path: &str) -> Result<bool, ApiError> {
+    pub async fn delete(self: &Arc<Self>, path: &str) -> Result<bool, ConsumerError> {
         let Some(sub) = self.get(path).await? else {
             return Ok(false);
         };
@@ -350,11 +352,11 @@ impl Subscriptions {
 
     /// The tail of stream `name`, from the metadata (every member of a cluster
     /// sees every stream's), `None` if it does not exist.
-    pub async fn tail_of(&self, name: &str) -> Result<Option<u64>, ApiError> {
+    pub async fn tail_of(&self, name: &str) -> Result<Option<u64>, ConsumerError> {
         if self.serves(name) {
             // Served here: the exact durable tail, without waiting for the index.
             let max = self.engine.config().stream_name_bytes_max;
-            let stream = StreamName::new(name.to_string(), max).map_err(ApiError::from)?;
+            let stream = StreamName::new(name.to_string(), max).map_err(ConsumerError::from)?;
             return match self.engine.head(&stream).await {
                 Ok(info) => Ok(Some(info.tail.0)),
                 Err(EngineError::NotFound | EngineError::Gone) => Ok(None),
@@ -370,7 +372,11 @@ impl Subscriptions {
     }
 
     /// The streams under `root` that `pattern` matches, with their tails.
-    async fn matching(&self, root: &str, pattern: &str) -> Result<Vec<(String, u64)>, ApiError> {
+    async fn matching(
+        &self,
+        root: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, u64)>, ConsumerError> {
         let prefix = format!("{root}{}", literal_prefix(pattern));
         let mut out = Vec::new();
         let mut after = String::new();
@@ -399,7 +405,7 @@ impl Subscriptions {
     /// Reads every linked stream's tail again, links streams the pattern matches
     /// now (at their start: they came after the subscription) and drops glob
     /// links whose stream is gone. `true` if the links changed.
-    async fn refresh(&self, live: &mut Live, exact: bool) -> Result<bool, ApiError> {
+    async fn refresh(&self, live: &mut Live, exact: bool) -> Result<bool, ConsumerError> {
         let root = live.state.root.clone();
         let mut tails = HashMap::new();
         let mut changed = false;
@@ -459,13 +465,7 @@ impl Subscriptions {
     /// Asks the members serving linked streams for their tails: the metadata store
     /// has them only as far as each member indexed.
     async fn exact_tails(&self, root: &str, tails: &mut HashMap<String, u64>) {
-        let (Some(cluster), Some(app)) = (
-            self.engine.cluster(),
-            self.app.get().and_then(Weak::upgrade),
-        ) else {
-            return;
-        };
-        let Some(edge) = app.cluster.as_ref() else {
+        let (Some(cluster), Some(peers)) = (self.engine.cluster(), self.engine.peers()) else {
             return;
         };
         let mut by_owner: HashMap<String, Vec<String>> = HashMap::new();
@@ -473,13 +473,13 @@ impl Subscriptions {
             let name = format!("{root}{path}");
             if let picomq_engine::cluster::Route::Remote { url, .. } = cluster.route(&name) {
                 let names = by_owner.entry(url).or_default();
-                if names.len() < crate::cluster::peers::TAILS_MAX {
+                if names.len() < TAILS_ASKED_MAX {
                     names.push(name);
                 }
             }
         }
         for (url, names) in by_owner {
-            match edge.peers.tails(&url, names).await {
+            match peers.tails(&url, names).await {
                 Ok(found) => {
                     for (name, tail) in found {
                         if let Some(path) = name.strip_prefix(root) {
@@ -497,7 +497,7 @@ impl Subscriptions {
     }
 
     /// Writes the state as the state stream's next message; durable on return.
-    async fn persist(&self, sub: &Sub, live: &mut Live) -> Result<(), ApiError> {
+    async fn persist(&self, sub: &Sub, live: &mut Live) -> Result<(), ConsumerError> {
         let body = serde_json::to_vec(&live.state).expect("a state serializes");
         let req = AppendRequest::new(
             sub.name.clone(),
@@ -563,7 +563,7 @@ impl Subscriptions {
                 break;
             }
             if let Err(e) = self.tick(&sub).await {
-                tracing::debug!(subscription = %sub.name, error = %e.message, "a subscription's turn failed");
+                tracing::debug!(subscription = %sub.name, error = %e, "a subscription's turn failed");
                 if sub.stopped.load(Ordering::SeqCst) || !self.serves(sub.name.as_str()) {
                     break;
                 }
@@ -576,7 +576,7 @@ impl Subscriptions {
 
     /// One turn: lapse a lease that ran out, and issue a wake if there is pending
     /// work and none in flight.
-    async fn tick(self: &Arc<Self>, sub: &Arc<Sub>) -> Result<(), ApiError> {
+    async fn tick(self: &Arc<Self>, sub: &Arc<Sub>) -> Result<(), ConsumerError> {
         let mut guard = sub.live.lock().await;
         let Some(live) = guard.as_mut() else {
             return Ok(());
@@ -606,7 +606,7 @@ impl Subscriptions {
     }
 
     /// Issues a wake (durable first), then delivers it.
-    async fn wake(self: &Arc<Self>, sub: &Arc<Sub>, live: &mut Live) -> Result<(), ApiError> {
+    async fn wake(self: &Arc<Self>, sub: &Arc<Sub>, live: &mut Live) -> Result<(), ConsumerError> {
         let token = live.state.issue_wake(&live.tails, self.now_ms());
         self.persist(sub, live).await?;
         self.counters.wakes.inc();
@@ -637,30 +637,24 @@ impl Subscriptions {
         let name = format!("{}{wake_stream}", state.root);
         let body = Bytes::from(event.to_string());
         if let Err(e) = self.append_anywhere(&name, body).await {
-            tracing::warn!(subscription = %state.id, wake_stream = %name, error = %e.message, "could not write a wake event");
+            tracing::warn!(subscription = %state.id, wake_stream = %name, error = %e, "could not write a wake event");
         }
     }
 
     /// Appends `body` to the JSON stream `name`, here or at the member serving it.
-    async fn append_anywhere(&self, name: &str, body: Bytes) -> Result<(), ApiError> {
+    async fn append_anywhere(&self, name: &str, body: Bytes) -> Result<(), ConsumerError> {
         let max = self.engine.config().stream_name_bytes_max;
-        let stream = StreamName::new(name.to_string(), max).map_err(ApiError::from)?;
+        let stream = StreamName::new(name.to_string(), max).map_err(ConsumerError::from)?;
         let req = AppendRequest::new(stream, Some(ContentType::json()), body.clone());
         match self.engine.append(req).await {
             Ok(_) => {
-                match self.app.get().and_then(Weak::upgrade) {
-                    Some(app) => app.written(name),
+                match self.hub.get().and_then(Weak::upgrade) {
+                    Some(hub) => hub.written(name),
                     None => self.on_write(name),
                 }
                 Ok(())
             }
-            Err(EngineError::NotOwner) => {
-                let app = self.app.get().and_then(Weak::upgrade);
-                match app {
-                    Some(app) => crate::cluster::append_at_owner(&app, name, body).await,
-                    None => Err(EngineError::NotOwner.into()),
-                }
-            }
+            Err(EngineError::NotOwner) => crate::append_at_owner(&self.engine, name, body).await,
             Err(e) => Err(e.into()),
         }
     }
@@ -704,7 +698,7 @@ impl Subscriptions {
             }
         }
         if let Err(e) = self.persist(&sub, live).await {
-            tracing::debug!(error = %e.message, "could not record a webhook's answer");
+            tracing::debug!(error = %e, "could not record a webhook's answer");
         }
         drop(guard);
         sub.notify.notify_one();
@@ -735,7 +729,7 @@ impl Subscriptions {
             .signer
             .active(&self.engine)
             .await
-            .map_err(|e| e.message)?;
+            .map_err(|e| e.to_string())?;
         let signature = signature_header(&key, self.now_ms() / 1000, &body);
         let origin = format!(
             "{}://{}",
@@ -785,8 +779,8 @@ impl Subscriptions {
         &self,
         sub: &Arc<Sub>,
         refresh: bool,
-        f: impl FnOnce(&mut Live, u64) -> Result<(T, bool), ApiError>,
-    ) -> Result<T, ApiError> {
+        f: impl FnOnce(&mut Live, u64) -> Result<(T, bool), ConsumerError>,
+    ) -> Result<T, ConsumerError> {
         let mut guard = sub.live.lock().await;
         let live = guard.as_mut().ok_or_else(not_found)?;
         if refresh {
@@ -814,7 +808,7 @@ impl Subscriptions {
 
     /// Loads the subscriptions this node serves and has not loaded, and lets go of
     /// the ones it no longer serves: at start, and periodically in a cluster.
-    pub async fn reconcile(self: &Arc<Self>) -> Result<(), ApiError> {
+    pub async fn reconcile(self: &Arc<Self>) -> Result<(), ConsumerError> {
         let mut after = String::new();
         let mut seen = 0usize;
         loop {
@@ -828,7 +822,7 @@ impl Subscriptions {
                     let _loading = self.loading.lock().await;
                     if self.registered(&s.name).is_none() {
                         if let Err(e) = self.load(&s.name).await {
-                            tracing::warn!(subscription = %s.name, error = %e.message, "could not load a subscription");
+                            tracing::warn!(subscription = %s.name, error = %e, "could not load a subscription");
                         }
                     }
                 }
@@ -858,7 +852,7 @@ impl Subscriptions {
     pub async fn run(self: Arc<Self>, every: Duration) {
         loop {
             if let Err(e) = self.reconcile().await {
-                tracing::debug!(error = %e.message, "loading subscriptions failed; trying again");
+                tracing::debug!(error = %e, "loading subscriptions failed; trying again");
             }
             if self.engine.cluster().is_none() {
                 return;
@@ -897,12 +891,8 @@ fn webhook_body(state: &SubState, token: &str) -> (Vec<u8>, String) {
     )
 }
 
-pub fn not_found() -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::NOT_FOUND,
-        "SUBSCRIPTION_NOT_FOUND",
-        "no subscription with this id",
-    )
+pub fn not_found() -> ConsumerError {
+    ConsumerError::not_found("SUBSCRIPTION_NOT_FOUND", "no subscription with this id")
 }
 
 impl Sub {
@@ -943,9 +933,9 @@ impl Sub {
 }
 
 /// Convenience for handlers: the wake request of a body.
-pub fn wake_request(body: &[u8]) -> Result<WakeRequest, ApiError> {
+pub fn wake_request(body: &[u8]) -> Result<WakeRequest, ConsumerError> {
     serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("body is not a wake request: {e}"))
+        ConsumerError::invalid(format!("body is not a wake request: {e}"))
             .with_code("INVALID_REQUEST")
     })
 }

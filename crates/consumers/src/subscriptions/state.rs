@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::config::{Kind, SubConfig};
-use crate::error::ApiError;
-use axum::http::StatusCode;
+use crate::error::{ConsumerError, Refusal};
 
 /// Webhook retries: from 1 s doubling up to 60 s, with 20% jitter.
 pub const RETRY_BASE_MS: u64 = 1_000;
@@ -67,23 +66,22 @@ pub struct SubState {
 }
 
 /// Why a callback, ack or release was refused.
-pub fn fenced() -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
+pub fn fenced() -> ConsumerError {
+    ConsumerError::conflict(
         "FENCED",
         "this wake is no longer current (a newer generation was issued, or it finished)",
     )
 }
 
-fn invalid_offset(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "INVALID_OFFSET", message)
+fn invalid_offset(message: impl Into<String>) -> ConsumerError {
+    ConsumerError::conflict("INVALID_OFFSET", message)
 }
 
 /// A fresh bearer token and its stored digest.
 pub fn new_token() -> (String, String) {
     let token = format!(
         "dsw_{}",
-        URL_SAFE_NO_PAD.encode(crate::auth::credential::random_bytes::<32>())
+        URL_SAFE_NO_PAD.encode(crate::random_bytes::<32>())
     );
     let sha = sha_hex(&token);
     (token, sha)
@@ -95,7 +93,7 @@ pub fn sha_hex(s: &str) -> String {
 }
 
 pub fn new_wake_id() -> String {
-    let b = crate::auth::credential::random_bytes::<12>();
+    let b = crate::random_bytes::<12>();
     format!("w_{}", URL_SAFE_NO_PAD.encode(b))
 }
 
@@ -166,19 +164,17 @@ impl SubState {
         worker: &str,
         tails: &HashMap<String, u64>,
         now_ms: u64,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, ConsumerError> {
         if let Some(holder) = self.wake.as_ref().and_then(|w| w.holder.clone()) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
+            return Err(ConsumerError::conflict(
                 "ALREADY_CLAIMED",
                 format!("worker {holder:?} holds this subscription's lease"),
             )
-            .with_field("current_holder", holder)
-            .with_json_field("generation", json!(self.generation)));
+            .with_field("current_holder", json!(holder))
+            .with_field("generation", json!(self.generation)));
         }
         if !self.pending(tails) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
+            return Err(ConsumerError::conflict(
                 "NO_PENDING_WORK",
                 "no linked stream has data past its acked offset",
             ));
@@ -198,7 +194,7 @@ impl SubState {
     }
 
     /// Checks a callback, ack or release against the wake in flight (section 7.3).
-    pub fn check_fence(&self, token: Option<&str>, req: &WakeRequest) -> Result<(), ApiError> {
+    pub fn check_fence(&self, token: Option<&str>, req: &WakeRequest) -> Result<(), ConsumerError> {
         let wake = self.wake.as_ref().ok_or_else(fenced)?;
         if req.generation != Some(self.generation)
             || req.wake_id.as_deref() != Some(wake.wake_id.as_str())
@@ -208,8 +204,8 @@ impl SubState {
         match token {
             Some(t) if sha_hex(t) == wake.token_sha => Ok(()),
             Some(_) => Err(fenced()),
-            None => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
+            None => Err(ConsumerError::refused(
+                Refusal::Unauthorized,
                 "UNAUTHORIZED",
                 "a wake's bearer token is required (Authorization: Bearer <token>)",
             )),
@@ -222,7 +218,7 @@ impl SubState {
         &mut self,
         acks: &[AckItem],
         tails: &HashMap<String, u64>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), ConsumerError> {
         let mut moves = Vec::with_capacity(acks.len());
         for ack in acks {
             let path = ack
