@@ -686,20 +686,26 @@ impl Groups {
         live: &mut Live,
         dead: super::state::BackList,
     ) -> Result<Written, ApiError> {
-        let mut records = Vec::with_capacity(dead.len());
+        let mut bodies = Vec::with_capacity(dead.len());
         for (offset, back) in &dead {
-            let body = self.read_one(g, live.json, back, *offset).await?;
-            records.push(dead_record(
-                &live.state.config,
-                live.json,
-                *offset,
-                back.deliveries,
-                body,
-            ));
+            bodies.push(self.read_one(g, live.json, back, *offset).await?);
         }
         if let Some(dlq) = live.state.config.dead_letter.clone() {
-            let body = Bytes::from(Value::Array(records).to_string());
-            self.append_dead(&dlq, body).await?;
+            let records: Vec<DeadRecord<'_>> = dead
+                .iter()
+                .zip(&bodies)
+                .map(|((offset, back), body)| {
+                    dead_record(
+                        &live.state.config,
+                        live.json,
+                        *offset,
+                        back.deliveries,
+                        body.as_deref(),
+                    )
+                })
+                .collect();
+            let body = serde_json::to_vec(&records).expect("dead letters serialize");
+            self.append_dead(&dlq, Bytes::from(body)).await?;
         }
         let offsets = dead.into_iter().map(|(o, _)| o).collect();
         Ok(self.log(g, live, Event::Dead { offsets }))
@@ -849,30 +855,47 @@ impl Groups {
     }
 }
 
-/// A message as the dead-letter stream records it.
-fn dead_record(
-    config: &GroupConfig,
+/// A message as the dead-letter stream records it: a JSON stream's message as
+/// the bytes that were appended (`body`), any other stream's as base64.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeadRecord<'a> {
+    group: &'a str,
+    stream: &'a str,
+    offset: String,
+    deliveries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+fn dead_record<'a>(
+    config: &'a GroupConfig,
     json: bool,
     offset: u64,
     deliveries: u32,
-    body: Option<Bytes>,
-) -> Value {
-    let mut r = json!({
-        "group": config.group,
-        "stream": config.stream,
-        "offset": Offset(offset).to_string(),
-        "deliveries": deliveries,
-    });
-    match body {
-        Some(b) if json => {
-            r["body"] = serde_json::from_slice(&b).unwrap_or(Value::Null);
-        }
-        Some(b) => {
-            r["bodyBase64"] = Value::String(base64::engine::general_purpose::STANDARD.encode(&b));
-        }
-        None => {}
+    body: Option<&'a [u8]>,
+) -> DeadRecord<'a> {
+    let raw = body.filter(|_| json).and_then(raw_json);
+    let body_base64 = match (raw, body) {
+        (None, Some(b)) => Some(base64::engine::general_purpose::STANDARD.encode(b)),
+        _ => None,
+    };
+    DeadRecord {
+        group: &config.group,
+        stream: &config.stream,
+        offset: Offset(offset).to_string(),
+        deliveries,
+        body: raw,
+        body_base64,
     }
-    r
+}
+
+/// A JSON message's bytes as raw JSON, written out as they are (no depth limit:
+/// checking them does not recurse); `None` if they are not JSON.
+pub fn raw_json(bytes: &[u8]) -> Option<&serde_json::value::RawValue> {
+    serde_json::from_slice(bytes).ok()
 }
 
 /// A read's segments as messages `(offset, append, end, body)`: a JSON stream's

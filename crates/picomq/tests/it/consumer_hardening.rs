@@ -1,6 +1,7 @@
 //! The consumer surfaces under hostile input, on a production server (`--auth
 //! required`):
-//! - stream reads never run as a page of the server's origin.
+//! - stream reads never run as a page of the server's origin;
+//! - message bodies pass through as they were appended, at any depth.
 
 use picomq_testkit as support;
 use serde_json::{json, Value};
@@ -28,6 +29,14 @@ async fn admin(s: &Server, method: &str, path: &str, body: &str) -> (u16, String
         .await
         .unwrap();
     (r.status.as_u16(), r.text())
+}
+
+async fn append(s: &Server, path: &str, body: &str) {
+    let (status, text) = admin(s, "POST", path, body).await;
+    assert!(
+        (200..300).contains(&status),
+        "append to {path}: {status} {text}"
+    );
 }
 
 /// A `text/html` stream is served with `Content-Security-Policy: sandbox` and
@@ -113,4 +122,63 @@ async fn stream_reads_never_run_as_a_page_of_the_server() {
     let r = s.client.get("/__picomq/console").await.unwrap();
     let csp = r.header("content-security-policy").unwrap_or("");
     assert!(csp.contains("default-src 'self'"), "console: {csp}");
+}
+
+/// JSON nested deeper than a `serde_json::Value` goes (128) comes out of a claim
+/// and out of the dead-letter stream as the bytes that were appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_pass_through_untouched_at_any_depth() {
+    let dir = TempDir::new("hardening-raw");
+    let s = support::start_with_auth(dir.path(), &[]).await;
+    let deep = format!(
+        "{}{}{}",
+        "[".repeat(300),
+        r#"{"x":"é\"q"}"#,
+        "]".repeat(300)
+    );
+    let message = format!(r#"{{"deep":{deep}}}"#);
+    assert_eq!(admin(&s, "PUT", "/raw", "[]").await.0, 201);
+    append(&s, "/raw", &message).await;
+    let body = json!({"stream": "raw", "maxDeliveries": 1, "deadLetter": "raw-dlq"});
+    let (status, text) = admin(&s, "PUT", "/__picomq/groups/deep", &body.to_string()).await;
+    assert_eq!(status, 201, "{text}");
+
+    let (status, text) = admin(
+        &s,
+        "POST",
+        "/__picomq/groups/deep/claim",
+        r#"{"consumer":"c"}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(&format!(r#""body":{message}"#)),
+        "the claim carries the message as appended: {}",
+        &text[..text.len().min(300)]
+    );
+    let id_at = text.find(r#""id":""#).unwrap() + 6;
+    let id = &text[id_at..id_at + text[id_at..].find('"').unwrap()];
+    let nack = json!({"ids": [id]}).to_string();
+    assert_eq!(
+        admin(&s, "POST", "/__picomq/groups/deep/nack", &nack)
+            .await
+            .0,
+        200
+    );
+    let h = admin_json();
+    let r = s
+        .client
+        .send(
+            picomq_client::HttpMethod::GET,
+            "/raw-dlq?offset=-1",
+            &as_refs(&h),
+            "",
+        )
+        .await
+        .unwrap();
+    assert!(
+        r.text().contains(&format!(r#""body":{message}"#)),
+        "the dead letter carries it too: {}",
+        r.text()
+    );
 }
