@@ -66,6 +66,10 @@ pub static REDELIVERIES: Desc = Desc::gauge(
     "picomq_group_redeliveries",
     "Deliveries of a consumer group's messages after the first.",
 );
+pub static PARKED: Desc = Desc::gauge(
+    "picomq_group_parked",
+    "Messages of a consumer group out of deliveries that its dead-letter stream did not take (closed, not JSON, unreachable): kept, never delivered again, dead-lettering retried.",
+);
 pub static DEAD_LETTERED: Desc = Desc::gauge(
     "picomq_group_dead_lettered",
     "Messages a consumer group moved to its dead-letter stream.",

@@ -1,11 +1,14 @@
 //! The consumer surfaces under hostile input, on a production server (`--auth
 //! required`):
 //! - stream reads never run as a page of the server's origin;
-//! - message bodies pass through as they were appended, at any depth.
+//! - message bodies pass through as they were appended, at any depth;
+//! - a dead-letter stream that refuses never wedges its group.
+
+use std::time::Duration;
 
 use picomq_testkit as support;
 use serde_json::{json, Value};
-use support::{Server, TempDir, ADMIN_SECRET};
+use support::{eventually, Server, TempDir, ADMIN_SECRET};
 
 /// Headers of an admin request, with a JSON body.
 fn admin_json() -> Vec<(&'static str, String)> {
@@ -37,6 +40,19 @@ async fn append(s: &Server, path: &str, body: &str) {
         (200..300).contains(&status),
         "append to {path}: {status} {text}"
     );
+}
+
+async fn group_status(s: &Server, group: &str) -> Value {
+    let (status, text) = admin(s, "GET", &format!("/__picomq/groups/{group}"), "").await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn claim(s: &Server, group: &str, wait_ms: u64) -> Value {
+    let body = json!({"consumer": "c", "max": 10, "waitMs": wait_ms}).to_string();
+    let (status, text) = admin(s, "POST", &format!("/__picomq/groups/{group}/claim"), &body).await;
+    assert_eq!(status, 200, "claim: {text}");
+    serde_json::from_str(&text).unwrap()
 }
 
 /// A `text/html` stream is served with `Content-Security-Policy: sandbox` and
@@ -122,6 +138,104 @@ async fn stream_reads_never_run_as_a_page_of_the_server() {
     let r = s.client.get("/__picomq/console").await.unwrap();
     let csp = r.header("content-security-policy").unwrap_or("");
     assert!(csp.contains("default-src 'self'"), "console: {csp}");
+}
+
+/// A dead-letter stream that is closed (or not JSON) does not take a message out
+/// of deliveries: the message is parked (status and metric say so), the group's
+/// other messages keep flowing, and once the dead-letter stream can take it
+/// again, it is dead-lettered: nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_stream_that_refuses_never_wedges_its_group() {
+    let dir = TempDir::new("hardening-dlq");
+    let s = support::start_with_auth(dir.path(), &[]).await;
+    assert_eq!(admin(&s, "PUT", "/work", "[]").await.0, 201);
+    assert_eq!(admin(&s, "PUT", "/dlq", "[]").await.0, 201);
+    let auth = support::bearer(ADMIN_SECRET);
+    let close = [("authorization", auth.as_str()), ("stream-closed", "true")];
+    let r = s.client.post("/dlq", &close, "").await.unwrap();
+    assert!(r.status.is_success(), "{}", r.text());
+    let text_plain = [
+        ("authorization", auth.as_str()),
+        ("content-type", "text/plain"),
+    ];
+    let r = s.client.put("/dlq-text", &text_plain, "").await.unwrap();
+    assert_eq!(r.status.as_u16(), 201);
+    for (group, dlq) in [("g", "dlq"), ("t", "dlq-text")] {
+        let body = json!({"stream": "work", "maxDeliveries": 1, "deadLetter": dlq});
+        let (status, text) = admin(
+            &s,
+            "PUT",
+            &format!("/__picomq/groups/{group}"),
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(status, 201, "{text}");
+    }
+    append(&s, "/work", r#"{"n":1}"#).await;
+
+    for group in ["g", "t"] {
+        let first = claim(&s, group, 0).await;
+        let id = first["messages"][0]["id"].clone();
+        assert_eq!(first["messages"][0]["body"], json!({"n": 1}));
+        let nack = json!({"ids": [id]}).to_string();
+        let (status, text) =
+            admin(&s, "POST", &format!("/__picomq/groups/{group}/nack"), &nack).await;
+        assert_eq!(status, 200, "a refused dead letter fails nobody: {text}");
+        let st = group_status(&s, group).await;
+        assert_eq!(st["parked"]["messages"], 1, "{st}");
+        assert!(
+            st["parked"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains(if group == "g" { "closed" } else { "ontent" }),
+            "{st}"
+        );
+        assert_eq!(st["deadLettered"], 0);
+        assert_eq!(st["pending"], 0, "a parked message is not pending: {st}");
+    }
+    let parked = support::metric_as(&s.client, Some(ADMIN_SECRET), "picomq_group_parked").await;
+    assert_eq!(parked, 2.0);
+
+    // The group keeps flowing: the next message is claimed, the parked one is not
+    // delivered again.
+    append(&s, "/work", r#"{"n":2}"#).await;
+    let next = claim(&s, "g", 0).await;
+    let bodies: Vec<&Value> = next["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["body"])
+        .collect();
+    assert_eq!(bodies, [&json!({"n": 2})]);
+    let ack = json!({"ids": [next["messages"][0]["id"]]}).to_string();
+    assert_eq!(
+        admin(&s, "POST", "/__picomq/groups/g/ack", &ack).await.0,
+        200
+    );
+
+    // The closed stream goes away: the next attempt creates it and dead-letters.
+    assert_eq!(admin(&s, "DELETE", "/dlq", "").await.0, 204);
+    eventually(Duration::from_secs(10), || async {
+        let m = claim(&s, "g", 300).await;
+        assert!(m["messages"].as_array().unwrap().is_empty(), "{m}");
+        let st = group_status(&s, "g").await;
+        (st["deadLettered"] == 1 && st["parked"]["messages"] == 0).then_some(())
+    })
+    .await;
+    let h = admin_json();
+    let r = s
+        .client
+        .send(
+            picomq_client::HttpMethod::GET,
+            "/dlq?offset=-1",
+            &as_refs(&h),
+            "",
+        )
+        .await
+        .unwrap();
+    let dead: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(dead[0]["body"], json!({"n": 1}), "{dead}");
+    assert_eq!(dead[0]["group"], "g");
 }
 
 /// JSON nested deeper than a `serde_json::Value` goes (128) comes out of a claim
