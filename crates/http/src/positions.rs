@@ -52,7 +52,10 @@ pub fn check_consumer(consumer: &str) -> Result<(), ApiError> {
 /// A group or consumer name, the key of a companion stream: it must not hold `/`
 /// (`cluster::slots::placed_by` splits at the first one).
 pub fn check_key_name(what: &str, name: &str, max: usize) -> Result<(), ApiError> {
+    // `.` and `..` would be path segments of the companion stream's name.
     let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.len() <= max
         && name
             .bytes()
@@ -61,7 +64,7 @@ pub fn check_key_name(what: &str, name: &str, max: usize) -> Result<(), ApiError
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(
-            "a {what} name has 1 to {max} characters of A-Z a-z 0-9 - _ ."
+            "a {what} name has 1 to {max} characters of A-Z a-z 0-9 - _ . (and is not . or ..)"
         )))
     }
 }

@@ -19,7 +19,7 @@ use crate::auth::{Op, Principal};
 use crate::error::ApiError;
 use crate::AppState;
 
-pub use query::{percent_decode, read_params, stream_name};
+pub use query::{addressable_name, percent_decode, read_params, stream_name};
 
 pub type HttpResult = Result<Response<Body>, ApiError>;
 

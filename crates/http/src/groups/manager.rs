@@ -135,6 +135,22 @@ pub fn check_group_name(group: &str) -> Result<(), ApiError> {
     crate::positions::check_key_name("group", group, GROUP_NAME_BYTES_MAX)
 }
 
+/// A dead-letter stream a client can read and delete: an addressable name, not
+/// the group's own stream.
+fn check_dead_letter(config: &GroupConfig, max_bytes: usize) -> Result<(), ApiError> {
+    let Some(dlq) = &config.dead_letter else {
+        return Ok(());
+    };
+    let name = crate::ds::addressable_name(dlq, max_bytes)
+        .map_err(|e| ApiError::bad_request(format!("deadLetter: {}", e.message)))?;
+    if name == config.stream {
+        return Err(ApiError::bad_request(
+            "deadLetter must be another stream than the group's",
+        ));
+    }
+    Ok(())
+}
+
 impl Groups {
     pub fn new(engine: Engine) -> Arc<Groups> {
         Arc::new(Groups {
@@ -315,6 +331,7 @@ impl Groups {
     /// existed with the same stream (any other stream: 409).
     pub async fn create(&self, mut config: GroupConfig, from: &str) -> Result<bool, ApiError> {
         check_group_name(&config.group)?;
+        check_dead_letter(&config, self.engine.config().stream_name_bytes_max)?;
         let _loading = self.loading.lock().await;
         if let Some(stream) = self.stream_of(&config.group).await? {
             if stream == config.stream {

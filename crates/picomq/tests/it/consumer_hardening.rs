@@ -2,7 +2,8 @@
 //! required`):
 //! - stream reads never run as a page of the server's origin;
 //! - message bodies pass through as they were appended, at any depth;
-//! - a dead-letter stream that refuses never wedges its group.
+//! - a dead-letter stream that refuses never wedges its group;
+//! - names no request could address are refused when they are given.
 
 use std::time::Duration;
 
@@ -39,6 +40,18 @@ async fn append(s: &Server, path: &str, body: &str) {
     assert!(
         (200..300).contains(&status),
         "append to {path}: {status} {text}"
+    );
+}
+
+/// A 400 with a JSON error body that says something.
+fn assert_refused(what: &str, status: u16, text: &str) {
+    assert_eq!(status, 400, "{what}: {text}");
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{what}: not a JSON error: {text}"
     );
 }
 
@@ -295,4 +308,31 @@ async fn bodies_pass_through_untouched_at_any_depth() {
         "the dead letter carries it too: {}",
         r.text()
     );
+}
+
+/// Names no request could address afterwards are refused when given: dead-letter
+/// streams with `..`, `.` or empty segments, reserved or unsendable names; group
+/// names `.` and `..`; a position's consumer `..`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_no_request_could_address_are_refused() {
+    let dir = TempDir::new("hardening-names");
+    let s = support::start_with_auth(dir.path(), &[]).await;
+    assert_eq!(admin(&s, "PUT", "/q", "[]").await.0, 201);
+    for dlq in ["a/../b", "..", "a/./b", "a//b", "a/", "__x", "a b", "", "q"] {
+        let body = json!({"stream": "q", "deadLetter": dlq}).to_string();
+        let (status, text) = admin(&s, "PUT", "/__picomq/groups/g", &body).await;
+        assert_refused(dlq, status, &text);
+    }
+    let body = json!({"stream": "q", "deadLetter": "dead/letters"}).to_string();
+    assert_eq!(admin(&s, "PUT", "/__picomq/groups/g", &body).await.0, 201);
+    for group in [".", ".."] {
+        let body = json!({"stream": "q"}).to_string();
+        let (status, text) = admin(&s, "PUT", &format!("/__picomq/groups/{group}"), &body).await;
+        assert_refused(group, status, &text);
+    }
+    let commit = json!({"offset": "-1"}).to_string();
+    let (status, text) = admin(&s, "PUT", "/__picomq/positions/../q", &commit).await;
+    assert_refused("consumer ..", status, &text);
+    let (status, text) = admin(&s, "GET", "/q?consumer=..", "").await;
+    assert_refused("?consumer=..", status, &text);
 }
