@@ -216,6 +216,9 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         _ => None,
     };
     let mut settings = config.subscriptions.clone();
+    // Without auth the server is a development one (it listens on loopback only
+    // unless told otherwise): the protocol's http://localhost webhooks hold there.
+    settings.development = config.auth.is_none();
     if engine.cluster().is_some() {
         // Appends on other members are not seen here: idle subscriptions look often.
         settings.rescan = settings.rescan.min(Duration::from_secs(1));

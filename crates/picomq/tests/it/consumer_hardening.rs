@@ -3,7 +3,8 @@
 //! - stream reads never run as a page of the server's origin;
 //! - message bodies pass through as they were appended, at any depth;
 //! - a dead-letter stream that refuses never wedges its group;
-//! - names no request could address are refused when they are given.
+//! - names no request could address are refused when they are given;
+//! - webhooks reach public addresses only.
 
 use std::time::Duration;
 
@@ -249,6 +250,47 @@ async fn a_dead_letter_stream_that_refuses_never_wedges_its_group() {
     let dead: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(dead[0]["body"], json!({"n": 1}), "{dead}");
     assert_eq!(dead[0]["group"], "g");
+}
+
+/// On a production server, webhook URLs to loopback are refused with a reason in
+/// every literal form, as `localhost` and as `.localhost` names;
+/// `--webhook-allow-private` opens local receivers on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_go_to_public_addresses_only_on_a_production_server() {
+    let dir = TempDir::new("hardening-webhooks");
+    let s = support::start_with_auth(dir.path(), &[]).await;
+    let port = support::free_port();
+    for url in [
+        format!("http://2130706433:{port}/"),
+        format!("http://127.1:{port}/"),
+        format!("http://localhost:{port}/"),
+        format!("http://127.0.0.1:{port}/"),
+        "https://127.0.0.1/".to_string(),
+        "https://0x7f.1/".to_string(),
+        "https://foo.localhost/".to_string(),
+        "https://[64:ff9b::7f00:1]/".to_string(),
+        "https://[2002:7f00:1::]/".to_string(),
+        "https://[::ffff:127.0.0.1]/".to_string(),
+        "https://[::1]/".to_string(),
+    ] {
+        let body = json!({"type": "webhook", "streams": ["a"], "webhook": {"url": url}});
+        let (status, text) =
+            admin(&s, "PUT", "/v1/__ds/subscriptions/hook", &body.to_string()).await;
+        assert_refused(&url, status, &text);
+        assert!(text.contains("WEBHOOK_URL_REJECTED"), "{url}: {text}");
+    }
+    let body = json!({"type": "webhook", "streams": ["a"],
+        "webhook": {"url": "https://hooks.example.com/x"}});
+    let (status, text) = admin(&s, "PUT", "/v1/__ds/subscriptions/hook", &body.to_string()).await;
+    assert_eq!(status, 201, "a public https:// receiver is fine: {text}");
+    drop(s);
+
+    let dir = TempDir::new("hardening-webhooks-private");
+    let s = support::start_with_auth(dir.path(), &["--webhook-allow-private"]).await;
+    let body = json!({"type": "webhook", "streams": ["a"],
+        "webhook": {"url": format!("http://127.0.0.1:{port}/")}});
+    let (status, text) = admin(&s, "PUT", "/v1/__ds/subscriptions/hook", &body.to_string()).await;
+    assert_eq!(status, 201, "allowed on purpose: {text}");
 }
 
 /// JSON nested deeper than a `serde_json::Value` goes (128) comes out of a claim
