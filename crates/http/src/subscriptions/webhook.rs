@@ -212,7 +212,11 @@ mod tests {
 
     /// A receiver on loopback answering `{"done":true}`; counts the requests it got.
     async fn receiver() -> (u16, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        receiver_at("127.0.0.1").await
+    }
+
+    async fn receiver_at(ip: &str) -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let got = Arc::new(AtomicUsize::new(0));
         let counted = got.clone();
@@ -273,11 +277,13 @@ mod tests {
         let a = post(rule(false, true), &format!("http://localhost:{port}/")).await;
         assert_eq!(a.unwrap().status, 200);
         // Not the development exception's form: refused even on a development server.
-        let e = post(rule(false, true), &format!("http://127.0.1.1:{port}/"))
+        let (other, other_got) = receiver_at("127.0.1.1").await;
+        let e = post(rule(false, true), &format!("http://127.0.1.1:{other}/"))
             .await
             .err()
             .unwrap();
         assert!(e.contains("not a public address"), "{e}");
+        assert_eq!(other_got.load(Ordering::SeqCst), 0);
         let a = post(rule(true, false), &format!("http://127.0.0.1:{port}/")).await;
         assert_eq!(a.unwrap().status, 200);
         assert_eq!(got.load(Ordering::SeqCst), 3);
