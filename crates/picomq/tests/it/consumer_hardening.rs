@@ -350,6 +350,22 @@ async fn bodies_pass_through_untouched_at_any_depth() {
         "the dead letter carries it too: {}",
         r.text()
     );
+    // The Rust SDK hands the same bytes on.
+    append(&s, "/raw", &message).await;
+    let mq = picomq_client::PicoMq::builder(&s.url)
+        .token(ADMIN_SECRET)
+        .build()
+        .unwrap();
+    let claimed = mq
+        .group("deep")
+        .claim("sdk", 1, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(&claimed.messages[0].body[..], message.as_bytes());
+    assert!(
+        claimed.messages[0].json.is_none(),
+        "deeper than a Value goes"
+    );
 }
 
 /// Names no request could address afterwards are refused when given: dead-letter
