@@ -4,6 +4,8 @@
 // the API arrive in the live tail within a second, append from the console and read
 // it back through the API, see a consumer group's lag move, and be refused, in words,
 // what a weaker token may not do. No secret may appear in any URL the page requests.
+// Names are sent as they are stored (a %25 in one stays %25), and a #/stream/ link
+// with dot segments gets no page to act from.
 // Screenshots of each page go to SHOTS_DIR; with DOCS_DIR, the README's two
 // screenshots (overview, stream page) are written there too.
 //
@@ -135,6 +137,19 @@ try {
   await page.goto(api + "/__picomq/console#/stream/" + encodeURIComponent("console/bytes"));
   await waitText("#read-list", /00 01 02 ff 50 4d 51 +\.\.\.\.PMQ/);
   console.log("a binary record is shown as a hex dump");
+  // A name is its path as sent: a percent-escape in it goes back as it is, not twice.
+  await call("PUT", "/console/50%25off", { headers: { "content-type": "text/plain" } });
+  await call("POST", "/console/50%25off", { headers: { "content-type": "text/plain" }, body: "half price" });
+  await page.goto(api + "/__picomq/console#/stream/" + encodeURIComponent("console/50%25off"));
+  await waitText("#read-list", /half price/);
+  // A link with dot segments must not let the page's buttons act on another path.
+  await call("PUT", "/victim", { headers: { "content-type": "text/plain" } });
+  await page.goto(api + "/__picomq/console#/stream/" + encodeURIComponent("console/../victim"));
+  await waitText("#stream-msg", /not a stream name/);
+  if (await page.locator("#delete-stream").count()) fail("a dot-segment name got a stream page with buttons");
+  const strayed = urls.find((u) => u.startsWith(api + "/victim"));
+  if (strayed) fail(`the page requested ${strayed}`);
+  console.log("a name with %25 opens its stream; a name with .. is refused, nothing requested");
   await page.goto(api + `/__picomq/console#/stream/${encodeURIComponent(STREAM)}`);
 
   // A consumer group's lag moves as the stream grows and as messages are claimed.

@@ -126,9 +126,10 @@ pub struct GroupMessage {
     pub next_offset: Offset,
     /// How often it has been handed out, this time included.
     pub deliveries: u32,
-    /// Its body (on a JSON stream, the message as compact JSON).
+    /// Its body (on a JSON stream, the message as it was appended).
     pub body: Bytes,
-    /// On a JSON stream, the message.
+    /// On a JSON stream, the message (`None` if it nests deeper than a `Value`
+    /// goes, 128 levels: `body` holds it whole either way).
     pub json: Option<Value>,
 }
 
@@ -147,7 +148,8 @@ struct WireMessage {
     id: Offset,
     next_offset: Offset,
     deliveries: u32,
-    body: Option<Value>,
+    /// Raw: the server writes it as appended, at any depth.
+    body: Option<Box<serde_json::value::RawValue>>,
     body_base64: Option<String>,
 }
 
@@ -169,7 +171,10 @@ impl WireMessage {
                     .into(),
                 None,
             ),
-            (Some(v), None) => (Bytes::from(v.to_string()), Some(v)),
+            (Some(raw), None) => {
+                let json = serde_json::from_str(raw.get()).ok();
+                (Bytes::from(String::from(Box::<str>::from(raw))), json)
+            }
             (None, None) => (Bytes::new(), None),
         };
         Ok(GroupMessage {

@@ -90,6 +90,15 @@ impl ConsumerError {
         ConsumerError::Engine(EngineError::Internal(message.into()))
     }
 
+    /// The code of a refusal (`FENCED`, `group_not_found`, ...); `engine` for an
+    /// error of the stream service.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConsumerError::Refused { code, .. } => code,
+            ConsumerError::Engine(_) => "engine",
+        }
+    }
+
     /// The message of the error, whatever its kind.
     pub fn message(&self) -> String {
         self.to_string()

@@ -166,7 +166,11 @@ pub async fn handle(
             // The group appends its dead letters: the caller must be allowed to.
             let dead_letter = match &b.dead_letter {
                 Some(dlq) => {
-                    let dlq = access.absolute(&stream_arg(dlq));
+                    // A name a client can later read and delete.
+                    let max = app.engine.config().stream_name_bytes_max;
+                    let dlq = crate::request::addressable_name(&stream_arg(dlq), max)
+                        .map_err(|e| ApiError::bad_request(format!("deadLetter: {}", e.message)))?;
+                    let dlq = access.absolute(&dlq);
                     access.reach(Op::Append, &dlq)?;
                     Some(dlq)
                 }
@@ -219,17 +223,7 @@ pub async fn handle(
                 .await
                 .map(|i| i.content_type.starts_with("application/json"))
                 .unwrap_or(true);
-            let out: Vec<Value> = messages
-                .into_iter()
-                .map(|m| message_json(m, json_stream))
-                .collect();
-            Ok(json_response(
-                StatusCode::OK,
-                json!({
-                    "messages": out,
-                    "leaseUntil": picomq_engine::units::format_rfc3339_ms(lease_until),
-                }),
-            ))
+            Ok(claim_response(&messages, json_stream, lease_until))
         }
         (&Method::POST, "ack") => {
             let b: IdsBody = parse(&body)?;
@@ -250,19 +244,68 @@ pub async fn handle(
     }
 }
 
-fn message_json(m: Message, json_stream: bool) -> Value {
-    let mut v = json!({
-        "id": Offset(m.offset).to_string(),
-        "nextOffset": Offset(m.end).to_string(),
-        "deliveries": m.deliveries,
-    });
-    if json_stream {
-        v["body"] = serde_json::from_slice(&m.body).unwrap_or(Value::Null);
-    } else {
-        v["bodyBase64"] = Value::String(base64::engine::general_purpose::STANDARD.encode(&m.body));
-        if let Ok(text) = std::str::from_utf8(&m.body) {
-            v["text"] = Value::String(text.to_string());
-        }
+/// A claim's answer. Built by serializing, never through a `Value`: a JSON
+/// message's body goes out as the bytes that were appended, at any depth the append
+/// accepted (a `Value` stops at 128 levels).
+fn claim_response(messages: &[Message], json_stream: bool, lease_until: u64) -> Response<Body> {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Claimed<'a> {
+        messages: Vec<MessageJson<'a>>,
+        lease_until: String,
     }
-    v
+    let answer = Claimed {
+        messages: messages
+            .iter()
+            .map(|m| message_json(m, json_stream))
+            .collect(),
+        lease_until: picomq_engine::units::format_rfc3339_ms(lease_until),
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .header(axum::http::header::CACHE_CONTROL, "no-store")
+        .body(Body::from(
+            serde_json::to_vec(&answer).expect("a claim's answer serializes"),
+        ))
+        .expect("valid response")
+}
+
+/// One claimed message: `body` for a JSON stream's message, `bodyBase64` (and
+/// `text` when it is UTF-8) for any other stream's append.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageJson<'a> {
+    id: String,
+    next_offset: String,
+    deliveries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+}
+
+fn message_json(m: &Message, json_stream: bool) -> MessageJson<'_> {
+    let raw = if json_stream {
+        groups::raw_json(&m.body)
+    } else {
+        None
+    };
+    let (body_base64, text) = match raw {
+        Some(_) => (None, None),
+        None => (
+            Some(base64::engine::general_purpose::STANDARD.encode(&m.body)),
+            std::str::from_utf8(&m.body).ok(),
+        ),
+    };
+    MessageJson {
+        id: Offset(m.offset).to_string(),
+        next_offset: Offset(m.end).to_string(),
+        deliveries: m.deliveries,
+        body: raw,
+        body_base64,
+        text,
+    }
 }

@@ -212,6 +212,9 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         _ => None,
     };
     let mut settings = config.subscriptions.clone();
+    // Without auth the server is a development one (it listens on loopback only
+    // unless told otherwise): the protocol's http://localhost webhooks hold there.
+    settings.development = config.auth.is_none();
     if engine.cluster().is_some() {
         // Appends on other members are not seen here: idle subscriptions look often.
         settings.rescan = settings.rescan.min(Duration::from_secs(1));
@@ -433,6 +436,10 @@ pub fn recovering_router() -> Router {
         })
 }
 
+/// The policy of every answer a browser may open that sets none of its own (stream
+/// reads above all): no scripts, no plugins, no forms, an opaque origin.
+pub const READ_CONTENT_SECURITY_POLICY: &str = "sandbox";
+
 /// CORS, browser security headers and a request id on every response; one
 /// access-log line (target `picomq::access`) per request, and at debug level a span.
 async fn common_headers<F, Fut>(app: &AppState, req: Request<Body>, next: F) -> Response<Body>
@@ -487,9 +494,15 @@ where
     let h = resp.headers_mut();
     // Room for the headers below at once: grown one insert at a time, the map
     // rehashed on the way (~1,900 instructions per request for six, callgrind).
-    h.reserve(if for_browser { 6 } else { 2 });
+    h.reserve(if for_browser { 7 } else { 2 });
     if for_browser {
         browser_headers(h, &app.cors, origin);
+        // What a stream holds is its writers' data, served on the console's
+        // origin: a `text/html` stream opened in a tab (a signed read token makes
+        // it a plain link) must not run as a page of ours. `sandbox` gives it an
+        // opaque origin with no scripts; the console's own files keep their policy.
+        h.entry(header::CONTENT_SECURITY_POLICY)
+            .or_insert(HeaderValue::from_static(READ_CONTENT_SECURITY_POLICY));
     }
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,

@@ -169,9 +169,55 @@ pub fn stream_name(path: &str, max_bytes: usize) -> Result<String, ApiError> {
     Ok(name.to_string())
 }
 
+/// A stream name given in a request body (a dead-letter stream, say) that must be
+/// one a request can create and then address: the characters of a URL path as
+/// sent (escapes as `%XX`), the rules of [`stream_name`], and not reserved (`__`).
+pub fn addressable_name(name: &str, max_bytes: usize) -> Result<String, ApiError> {
+    let pchar = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@%/".contains(&b);
+    if name.is_empty() {
+        return Err(ApiError::bad_request("stream name is empty"));
+    }
+    if !name.bytes().all(pchar) {
+        return Err(ApiError::bad_request(format!(
+            "stream name {name:?} has characters a URL path cannot carry as they are (send them as %XX escapes)"
+        )));
+    }
+    let name = stream_name(&format!("/{name}"), max_bytes)?;
+    if name.starts_with("__") {
+        return Err(ApiError::bad_request(format!(
+            "stream name {name:?} is reserved (names starting with __ are the server's)"
+        )));
+    }
+    Ok(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_in_bodies_must_be_addressable() {
+        let ok = |n: &str| addressable_name(n, 100).is_ok();
+        assert!(ok("dead/letters"));
+        assert!(ok("a%20b"));
+        for bad in [
+            "",
+            "a/../b",
+            "..",
+            "a/.",
+            "a//b",
+            "a/",
+            "a b",
+            "a?b",
+            "a#b",
+            "__x",
+            "a%2Fb",
+            "a%zz",
+            "caf\u{e9}",
+        ] {
+            assert!(!ok(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn names_reject_traversal() {

@@ -109,9 +109,9 @@ pub struct SecurityArgs {
     /// Host and X-Forwarded-Host].
     #[arg(long, env = "PICOMQ_PUBLIC_URL", value_name = "URL")]
     pub public_url: Option<String>,
-    /// Deliver webhooks to private, loopback and link-local addresses too (receivers
-    /// inside your own network) [default: off: https:// to public addresses, and
-    /// http:// only to localhost].
+    /// Deliver webhooks to private, loopback and link-local addresses too, and over
+    /// http:// (receivers inside your own network) [default: off: https:// to public
+    /// addresses; http://localhost too only with --auth off].
     #[arg(long, env = "PICOMQ_WEBHOOK_ALLOW_PRIVATE")]
     pub webhook_allow_private: bool,
     /// Streams a namespaced token may have under its namespace [default: unlimited].

@@ -34,6 +34,10 @@ const SNAPSHOT_EVERY: u32 = 256;
 /// Messages one claim may take, and bytes it reads at most.
 pub const CLAIM_MAX: usize = 1_000;
 const CLAIM_READ_BYTES: usize = 1 << 20;
+/// Backoff of dead-lettering parked messages again: from the first, doubled per
+/// failed attempt, up to the last.
+const PARKED_RETRY_MS_MIN: u64 = 1_000;
+const PARKED_RETRY_MS_MAX: u64 = 60_000;
 /// Messages out under a lease per group; a claim past it waits for acks.
 pub const OUT_MAX: usize = 100_000;
 pub const GROUP_NAME_BYTES_MAX: usize = 128;
@@ -80,6 +84,22 @@ struct Live {
     events: u32,
     /// Messages read past the cursor, not handed out yet.
     ahead: std::collections::VecDeque<Ahead>,
+    /// Messages out of deliveries the dead-letter stream did not take.
+    parked: Option<Parked>,
+}
+
+/// Messages out of deliveries that could not be dead-lettered (the dead-letter
+/// stream is closed, not JSON, or unreachable). They stay handed back in the
+/// group's log, so nothing is lost and a replay finds them again; they are never
+/// delivered again, and dead-lettering is retried after a backoff. Not logged: a
+/// node that loads the group again simply tries them once more.
+struct Parked {
+    offsets: std::collections::BTreeSet<u64>,
+    reason: String,
+    since_ms: u64,
+    retry_at_ms: u64,
+    /// Failed attempts in a row (the backoff doubles with each).
+    attempts: u32,
 }
 
 struct Ahead {
@@ -277,6 +297,7 @@ impl Groups {
                 json,
                 events,
                 ahead: Default::default(),
+                parked: None,
             })),
             data: Notify::new(),
             queue: Mutex::new(Vec::new()),
@@ -524,8 +545,9 @@ impl Groups {
         let room = OUT_MAX.saturating_sub(live.state.out.len());
         let max = max.min(room);
         let (again, dead) = live.state.due(now, max);
+        let dead = live.unparked(dead, now);
         if !dead.is_empty() {
-            written.push(self.dead_letter(g, live, dead).await?);
+            written.extend(self.dead_letter(g, live, dead).await);
         }
         let mut messages = Vec::new();
         let mut handed: Vec<Handed> = Vec::new();
@@ -580,7 +602,7 @@ impl Groups {
             };
             written.push(self.log(g, live, event));
         }
-        let next_due = live.state.next_due_ms();
+        let next_due = live.next_due_ms();
         drop(guard);
         self.flush(g, written).await?;
         Ok((messages, lease_until, next_due))
@@ -682,30 +704,90 @@ impl Groups {
     }
 
     /// Appends messages out of deliveries to the dead-letter stream (if the group
-    /// has one), then logs them dead.
+    /// has one), then logs them dead. If the dead-letter stream does not take them,
+    /// they are parked instead (handed back, never delivered again, tried again
+    /// later): a dead-letter stream that refuses never stops the group.
     async fn dead_letter(
         &self,
         g: &Arc<Group>,
         live: &mut Live,
         dead: super::state::BackList,
-    ) -> Result<Written, ConsumerError> {
-        let mut records = Vec::with_capacity(dead.len());
-        for (offset, back) in &dead {
-            let body = self.read_one(g, live.json, back, *offset).await?;
-            records.push(dead_record(
-                &live.state.config,
-                live.json,
-                *offset,
-                back.deliveries,
-                body,
-            ));
+    ) -> Vec<Written> {
+        let offsets: Vec<u64> = dead.iter().map(|(o, _)| *o).collect();
+        let appended = match live.state.config.dead_letter.clone() {
+            Some(dlq) => self.append_dead_records(g, live, &dlq, &dead).await,
+            None => Ok(()),
+        };
+        let now = self.engine.clock().now_ms();
+        match appended {
+            Ok(()) => {
+                live.parked = live.parked.take().filter(|p| {
+                    // Parked messages not in this batch (past a claim's `max`) stay
+                    // parked; the next attempt is due at once.
+                    p.offsets.iter().any(|o| !offsets.contains(o))
+                });
+                if let Some(p) = &mut live.parked {
+                    p.offsets.retain(|o| !offsets.contains(o));
+                    p.retry_at_ms = now;
+                    p.attempts = 0;
+                }
+                vec![self.log(g, live, Event::Dead { offsets })]
+            }
+            Err(e) => {
+                let reason = format!(
+                    "the dead-letter stream {:?} did not take them: {}",
+                    live.state.config.dead_letter.as_deref().unwrap_or(""),
+                    e
+                );
+                tracing::warn!(group = %live.state.config.group, parked = offsets.len(), %reason, "messages out of deliveries are parked");
+                // Messages out under a lease (a nack of their last delivery) are
+                // handed back first, so the log holds them until they are dead.
+                let out: Vec<u64> = offsets
+                    .iter()
+                    .copied()
+                    .filter(|o| live.state.out.contains_key(o))
+                    .collect();
+                let mut written = Vec::new();
+                if !out.is_empty() {
+                    let event = Event::Nack {
+                        offsets: out,
+                        not_before: 0,
+                    };
+                    written.push(self.log(g, live, event));
+                }
+                live.park(offsets, reason, now);
+                written
+            }
         }
-        if let Some(dlq) = live.state.config.dead_letter.clone() {
-            let body = Bytes::from(Value::Array(records).to_string());
-            self.append_dead(&dlq, body).await?;
+    }
+
+    /// The dead letters of `dead` as one append to `dlq`.
+    async fn append_dead_records(
+        &self,
+        g: &Arc<Group>,
+        live: &Live,
+        dlq: &str,
+        dead: &super::state::BackList,
+    ) -> Result<(), ConsumerError> {
+        let mut bodies = Vec::with_capacity(dead.len());
+        for (offset, back) in dead {
+            bodies.push(self.read_one(g, live.json, back, *offset).await?);
         }
-        let offsets = dead.into_iter().map(|(o, _)| o).collect();
-        Ok(self.log(g, live, Event::Dead { offsets }))
+        let records: Vec<DeadRecord<'_>> = dead
+            .iter()
+            .zip(&bodies)
+            .map(|((offset, back), body)| {
+                dead_record(
+                    &live.state.config,
+                    live.json,
+                    *offset,
+                    back.deliveries,
+                    body.as_deref(),
+                )
+            })
+            .collect();
+        let body = serde_json::to_vec(&records).expect("dead letters serialize");
+        self.append_dead(dlq, Bytes::from(body)).await
     }
 
     /// Appends to the dead-letter stream (created as a JSON stream if it is not
@@ -789,7 +871,7 @@ impl Groups {
             written.push(self.log(g, live, event));
         }
         if !dead.is_empty() {
-            written.push(self.dead_letter(g, live, dead).await?);
+            written.extend(self.dead_letter(g, live, dead).await);
         }
         drop(guard);
         self.flush(g, written).await?;
@@ -803,6 +885,7 @@ impl Groups {
         let mut guard = g.live.lock().await;
         let live = guard.as_mut().ok_or_else(|| not_found(""))?;
         live.state.lapse(self.engine.clock().now_ms());
+        let parked = live.parked_view();
         let s = &live.state;
         Ok(json!({
             "group": s.config.group,
@@ -813,11 +896,12 @@ impl Groups {
             "createdAt": s.config.created_at,
             "cursor": Offset(s.cursor).to_string(),
             "lagBytes": tail.map(|t| t.saturating_sub(s.cursor)),
-            "pending": s.back.len(),
+            "pending": s.back.len().saturating_sub(parked.count),
             "inFlight": s.out.len(),
             "acked": s.acked_total,
             "redeliveries": s.redeliveries_total,
             "deadLettered": s.dead_lettered_total,
+            "parked": parked.json(),
         }))
     }
 
@@ -843,34 +927,142 @@ impl Groups {
             out.value(&super::ACKED, &labels, num("acked"));
             out.value(&super::REDELIVERIES, &labels, num("redeliveries"));
             out.value(&super::DEAD_LETTERED, &labels, num("deadLettered"));
+            let parked = v["parked"]["messages"].as_f64().unwrap_or(0.0);
+            out.value(&super::PARKED, &labels, parked);
         }
     }
 }
 
-/// A message as the dead-letter stream records it.
-fn dead_record(
-    config: &GroupConfig,
+impl Live {
+    /// `dead` without the messages parked and not due for another attempt.
+    fn unparked(&mut self, dead: super::state::BackList, now_ms: u64) -> super::state::BackList {
+        let state = &self.state;
+        let Some(p) = &mut self.parked else {
+            return dead;
+        };
+        // Acked (or otherwise settled) since they were parked.
+        p.offsets.retain(|o| state.back.contains_key(o));
+        if p.offsets.is_empty() {
+            self.parked = None;
+            return dead;
+        }
+        if now_ms >= p.retry_at_ms {
+            return dead;
+        }
+        dead.into_iter()
+            .filter(|(o, _)| !p.offsets.contains(o))
+            .collect()
+    }
+
+    fn park(&mut self, offsets: Vec<u64>, reason: String, now_ms: u64) {
+        let p = self.parked.get_or_insert_with(|| Parked {
+            offsets: Default::default(),
+            reason: String::new(),
+            since_ms: now_ms,
+            retry_at_ms: now_ms,
+            attempts: 0,
+        });
+        p.offsets.extend(offsets);
+        p.reason = reason;
+        p.attempts = p.attempts.saturating_add(1);
+        let backoff = PARKED_RETRY_MS_MIN
+            .saturating_mul(1u64 << p.attempts.saturating_sub(1).min(16))
+            .min(PARKED_RETRY_MS_MAX);
+        p.retry_at_ms = now_ms + backoff;
+    }
+
+    /// When a claim waiting for messages should look again: the next message due
+    /// (parked ones aside) or the next attempt at the parked ones.
+    fn next_due_ms(&self) -> Option<u64> {
+        let parked = self.parked.as_ref();
+        let skip = |o: &u64| parked.is_some_and(|p| p.offsets.contains(o));
+        let next = self.state.next_due_ms_except(skip);
+        match (next, parked.map(|p| p.retry_at_ms)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn parked_view(&self) -> ParkedView {
+        match &self.parked {
+            Some(p) => ParkedView {
+                count: p
+                    .offsets
+                    .iter()
+                    .filter(|o| self.state.back.contains_key(o))
+                    .count(),
+                detail: Some((p.reason.clone(), p.since_ms, p.retry_at_ms)),
+            },
+            None => ParkedView {
+                count: 0,
+                detail: None,
+            },
+        }
+    }
+}
+
+/// What a group's status says about its parked messages.
+struct ParkedView {
+    count: usize,
+    detail: Option<(String, u64, u64)>,
+}
+
+impl ParkedView {
+    fn json(&self) -> Value {
+        let fmt = picomq_engine::units::format_rfc3339_ms;
+        match &self.detail {
+            Some((reason, since, retry)) if self.count > 0 => json!({
+                "messages": self.count,
+                "reason": reason,
+                "since": fmt(*since),
+                "nextAttempt": fmt(*retry),
+            }),
+            _ => json!({ "messages": 0 }),
+        }
+    }
+}
+
+/// A message as the dead-letter stream records it: a JSON stream's message as
+/// the bytes that were appended (`body`), any other stream's as base64.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeadRecord<'a> {
+    group: &'a str,
+    stream: &'a str,
+    offset: String,
+    deliveries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+fn dead_record<'a>(
+    config: &'a GroupConfig,
     json: bool,
     offset: u64,
     deliveries: u32,
-    body: Option<Bytes>,
-) -> Value {
-    let mut r = json!({
-        "group": config.group,
-        "stream": config.stream,
-        "offset": Offset(offset).to_string(),
-        "deliveries": deliveries,
-    });
-    match body {
-        Some(b) if json => {
-            r["body"] = serde_json::from_slice(&b).unwrap_or(Value::Null);
-        }
-        Some(b) => {
-            r["bodyBase64"] = Value::String(base64::engine::general_purpose::STANDARD.encode(&b));
-        }
-        None => {}
+    body: Option<&'a [u8]>,
+) -> DeadRecord<'a> {
+    let raw = body.filter(|_| json).and_then(raw_json);
+    let body_base64 = match (raw, body) {
+        (None, Some(b)) => Some(base64::engine::general_purpose::STANDARD.encode(b)),
+        _ => None,
+    };
+    DeadRecord {
+        group: &config.group,
+        stream: &config.stream,
+        offset: Offset(offset).to_string(),
+        deliveries,
+        body: raw,
+        body_base64,
     }
-    r
+}
+
+/// A JSON message's bytes as raw JSON, written out as they are (no depth limit:
+/// checking them does not recurse); `None` if they are not JSON.
+pub fn raw_json(bytes: &[u8]) -> Option<&serde_json::value::RawValue> {
+    serde_json::from_slice(bytes).ok()
 }
 
 /// A read's segments as messages `(offset, append, end, body)`: a JSON stream's

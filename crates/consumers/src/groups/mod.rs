@@ -14,7 +14,9 @@ use picomq_engine::metrics::Desc;
 use serde_json::Value;
 
 use crate::error::{ConsumerError, Result};
-pub use manager::{check_group_name, not_found, Group, Groups, Message, CLAIM_MAX, STATE_PREFIX};
+pub use manager::{
+    check_group_name, not_found, raw_json, Group, Groups, Message, CLAIM_MAX, STATE_PREFIX,
+};
 pub use state::GroupConfig;
 
 /// Lease bounds and default.
@@ -45,6 +47,10 @@ pub static ACKED: Desc = Desc::gauge(
 pub static REDELIVERIES: Desc = Desc::gauge(
     "picomq_group_redeliveries",
     "Deliveries of a consumer group's messages after the first.",
+);
+pub static PARKED: Desc = Desc::gauge(
+    "picomq_group_parked",
+    "Messages of a consumer group out of deliveries that its dead-letter stream did not take (closed, not JSON, unreachable): kept, never delivered again, dead-lettering retried.",
 );
 pub static DEAD_LETTERED: Desc = Desc::gauge(
     "picomq_group_dead_lettered",

@@ -219,7 +219,17 @@ impl GroupState {
 
     /// When the next handed-back message falls due or the next lease runs out.
     pub fn next_due_ms(&self) -> Option<u64> {
-        let back = self.back.values().map(|b| b.not_before_ms).min();
+        self.next_due_ms_except(|_| false)
+    }
+
+    /// [`GroupState::next_due_ms`] with the handed-back messages `skip` names aside.
+    pub fn next_due_ms_except(&self, skip: impl Fn(&u64) -> bool) -> Option<u64> {
+        let back = self
+            .back
+            .iter()
+            .filter(|(o, _)| !skip(o))
+            .map(|(_, b)| b.not_before_ms)
+            .min();
         let out = self.out.values().map(|o| o.lease_until_ms).min();
         match (back, out) {
             (Some(a), Some(b)) => Some(a.min(b)),

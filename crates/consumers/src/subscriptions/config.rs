@@ -82,8 +82,11 @@ fn invalid(message: impl Into<String>) -> ConsumerError {
     ConsumerError::invalid(message).with_code("INVALID_REQUEST")
 }
 
-/// Parses and checks a PUT body. `allow_private` lifts the network checks of
-/// webhook URLs (a receiver inside a private network).
+/// Parses and checks a PUT body against the protocol's rules. `allow_private`
+/// lifts the network checks of webhook URLs (a receiver inside a private
+/// network). The protocol's development exception (`http://localhost`) passes
+/// here; whether this server grants it is [`WebhookRule`]'s, checked when the
+/// subscription is created.
 pub fn parse_put(body: &[u8], allow_private: bool) -> Result<SubConfig, ConsumerError> {
     let body: PutBody = serde_json::from_slice(body)
         .map_err(|e| invalid(format!("subscription body is not valid: {e}")))?;
@@ -136,7 +139,13 @@ pub fn parse_put(body: &[u8], allow_private: bool) -> Result<SubConfig, Consumer
                 .webhook
                 .ok_or_else(|| invalid("webhook subscriptions require webhook.url"))?
                 .url;
-            check_webhook_url(&url, allow_private)?;
+            check_webhook_url(
+                &url,
+                WebhookRule {
+                    allow_private,
+                    development: true,
+                },
+            )?;
             if body.wake_stream.is_some() {
                 return Err(invalid("wake_stream is for pull-wake subscriptions"));
             }
@@ -261,11 +270,46 @@ fn rejected(message: impl Into<String>) -> ConsumerError {
     ConsumerError::invalid(message).with_code("WEBHOOK_URL_REJECTED")
 }
 
-/// PROTOCOL.md 6.2: `https://` anywhere public; `http://` only to `localhost` or
-/// `127.0.0.x`; no private, link-local or other local targets (unless
-/// `allow_private`). Names are checked again once resolved, at delivery
-/// ([`address_allowed`]).
-pub fn check_webhook_url(raw: &str, allow_private: bool) -> Result<(), ConsumerError> {
+/// Where this server delivers webhooks. Production: `https://` to public
+/// addresses only, decided again on every address a name resolves to when a
+/// connection is made (`webhook.rs`). PROTOCOL.md 6.2's development exception
+/// (`http://localhost`, `http://127.0.0.x`) holds only on a development server
+/// (`--auth off`, which listens on loopback only). `--webhook-allow-private`
+/// opens private, loopback and link-local targets, and `http://`, on purpose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WebhookRule {
+    pub allow_private: bool,
+    pub development: bool,
+}
+
+impl WebhookRule {
+    /// Whether a connection to `ip` may carry a webhook to a URL that is
+    /// (`dev_url`) or is not the development exception.
+    pub fn allows(self, ip: IpAddr, dev_url: bool) -> bool {
+        self.allow_private
+            || address_allowed(ip)
+            || (self.development && dev_url && is_loopback(ip))
+    }
+}
+
+/// Whether `url` is the protocol's development exception: `http://localhost` or
+/// `http://127.0.0.x` (any port, any path).
+pub fn is_dev_url(url: &url::Url) -> bool {
+    url.scheme() == "http"
+        && match url.host() {
+            Some(url::Host::Domain(d)) => d.trim_end_matches('.').eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(ip)) => is_dev_loopback(ip),
+            _ => false,
+        }
+}
+
+/// PROTOCOL.md 6.2 as `rule` grants it: `https://` to public hosts; `http://`
+/// only for the development exception on a development server; no private,
+/// loopback, link-local or other local targets (unless `rule.allow_private`),
+/// whatever way the address is written (the URL parser turns `2130706433`,
+/// `0x7f.1` and `127.1` into `127.0.0.1`; IPv4 inside IPv6 is looked at), and no
+/// `.localhost` name. Names are checked again once resolved, at every connection.
+pub fn check_webhook_url(raw: &str, rule: WebhookRule) -> Result<(), ConsumerError> {
     if raw.len() > URL_BYTES_MAX {
         return Err(rejected(format!(
             "webhook URL is longer than {URL_BYTES_MAX} bytes"
@@ -278,17 +322,21 @@ pub fn check_webhook_url(raw: &str, allow_private: bool) -> Result<(), ConsumerE
     let host = url
         .host()
         .ok_or_else(|| rejected("webhook URL has no host"))?;
-    let dev = match &host {
-        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
-        url::Host::Ipv4(ip) => is_dev_loopback(*ip),
-        url::Host::Ipv6(_) => false,
-    };
+    let dev = is_dev_url(&url);
+    if dev && rule.development {
+        return Ok(());
+    }
     match url.scheme() {
         "https" => {}
-        "http" if dev || allow_private => {}
-        "http" => {
+        "http" if rule.allow_private => {}
+        "http" if rule.development => {
             return Err(rejected(
                 "webhook URL must use https:// (http:// only to localhost or 127.0.0.x)",
+            ))
+        }
+        "http" => {
+            return Err(rejected(
+                "webhook URL must use https:// (this server is not a development server: --auth is on, so http://localhost is not allowed either; --webhook-allow-private allows http:// and private receivers)",
             ))
         }
         other => {
@@ -297,17 +345,26 @@ pub fn check_webhook_url(raw: &str, allow_private: bool) -> Result<(), ConsumerE
             )))
         }
     }
+    if rule.allow_private {
+        return Ok(());
+    }
     let ip = match host {
-        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
-        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
-        url::Host::Domain(_) => None,
-    };
-    if let Some(ip) = ip {
-        if !dev && !allow_private && !address_allowed(ip) {
-            return Err(rejected(format!(
-                "webhook URL targets {ip}, a private, loopback or local network address"
-            )));
+        url::Host::Ipv4(ip) => IpAddr::V4(ip),
+        url::Host::Ipv6(ip) => IpAddr::V6(ip),
+        url::Host::Domain(d) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            if d == "localhost" || d.ends_with(".localhost") {
+                return Err(rejected(format!(
+                    "webhook URL targets {d}, a loopback name"
+                )));
+            }
+            return Ok(());
         }
+    };
+    if !address_allowed(ip) {
+        return Err(rejected(format!(
+            "webhook URL targets {ip}, a private, loopback or local network address"
+        )));
     }
     Ok(())
 }
@@ -317,15 +374,51 @@ fn is_dev_loopback(ip: Ipv4Addr) -> bool {
     o[0] == 127 && o[1] == 0 && o[2] == 0
 }
 
-/// Whether a resolved webhook address is a public one.
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Whether a webhook may be delivered to `ip`: a public address. An IPv4 address
+/// carried inside IPv6 (mapped, compatible, NAT64, 6to4) is judged as itself.
 pub fn address_allowed(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4_public(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match embedded_v4(v6) {
             Some(v4) => v4_public(v4),
             None => v6_public(v6),
         },
     }
+}
+
+/// The IPv4 address an IPv6 address stands for: IPv4-mapped `::ffff:a.b.c.d`,
+/// IPv4-compatible `::a.b.c.d`, NAT64 `64:ff9b::a.b.c.d` (RFC 6052) and 6to4
+/// `2002:AABB:CCDD::` (RFC 3056).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified() {
+        return Some(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
 }
 
 fn v4_public(ip: Ipv4Addr) -> bool {
@@ -339,6 +432,7 @@ fn v4_public(ip: Ipv4Addr) -> bool {
         || ip.is_documentation()
         || o[0] == 0
         || (o[0] == 100 && (64..128).contains(&o[1])) // carrier-grade NAT
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
         || (o[0] == 198 && (o[1] == 18 || o[1] == 19)) // benchmarking
         || o[0] >= 240)
 }
@@ -349,7 +443,13 @@ fn v6_public(ip: Ipv6Addr) -> bool {
         || ip.is_unspecified()
         || ip.is_multicast()
         || (s[0] & 0xfe00) == 0xfc00 // unique local
-        || (s[0] & 0xffc0) == 0xfe80) // link-local
+        || (s[0] & 0xffc0) == 0xfe80 // link-local
+        || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || (s[0] == 0x2001 && s[1] == 0) // Teredo: the peer is elsewhere
+        || (s[0] == 0x2001 && s[1] == 0xdb8) // documentation
+        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 for local use (64:ff9b:1::/48)
+        || (s[0] == 0x0100 && s[1..4] == [0, 0, 0]) // discard-only
+        || s[0] == 0) // the rest of ::/16 (IPv4-compatible forms are judged above)
 }
 
 #[cfg(test)]
@@ -374,9 +474,89 @@ mod tests {
         assert_eq!(literal_prefix("**"), "");
     }
 
+    const PRODUCTION: WebhookRule = WebhookRule {
+        allow_private: false,
+        development: false,
+    };
+    const DEVELOPMENT: WebhookRule = WebhookRule {
+        allow_private: false,
+        development: true,
+    };
+
+    #[test]
+    fn production_refuses_every_form_of_a_local_address() {
+        let ok = |u: &str| check_webhook_url(u, PRODUCTION).is_ok();
+        assert!(ok("https://hooks.example.com/x"));
+        assert!(ok("https://93.184.216.34/x"));
+        assert!(ok("https://[2606:2800:220:1:248:1893:25c8:1946]/x"));
+        for bad in [
+            "http://localhost:8080/hook",
+            "http://127.0.0.1:9/hook",
+            "http://2130706433:9/",
+            "http://127.1:9/",
+            "https://2130706433/",
+            "https://0x7f000001/",
+            "https://0177.0.0.1/",
+            "https://127.1/",
+            "https://127.0.0.1/",
+            "https://localhost/",
+            "https://foo.localhost/",
+            "https://LOCALHOST./",
+            "https://[::1]/",
+            "https://[::ffff:127.0.0.1]/",
+            "https://[::127.0.0.1]/",
+            "https://[64:ff9b::7f00:1]/",
+            "https://[64:ff9b::a00:1]/",
+            "https://[2002:7f00:1::]/",
+            "https://[2002:a00:1::]/",
+            "https://[fe80::1]/",
+            "https://[2001:db8::1]/",
+            "https://0.0.0.0/",
+            "https://[::]/",
+            "https://100.64.0.1/",
+            "https://192.0.0.1/",
+        ] {
+            assert!(!ok(bad), "{bad}");
+        }
+        assert!(check_webhook_url(
+            "http://10.0.0.1/",
+            WebhookRule {
+                allow_private: true,
+                development: false
+            }
+        )
+        .is_ok());
+        assert!(check_webhook_url(
+            "http://localhost:9/",
+            WebhookRule {
+                allow_private: true,
+                development: false
+            }
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn connections_are_judged_by_the_address_reached() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: IpAddr = "::1".parse().unwrap();
+        let public: IpAddr = "93.184.216.34".parse().unwrap();
+        assert!(!PRODUCTION.allows(lo, true));
+        assert!(!PRODUCTION.allows(lo6, true));
+        assert!(PRODUCTION.allows(public, false));
+        assert!(DEVELOPMENT.allows(lo, true) && DEVELOPMENT.allows(lo6, true));
+        assert!(
+            !DEVELOPMENT.allows(lo, false),
+            "only the development URLs reach loopback"
+        );
+        assert!(!DEVELOPMENT.allows("10.0.0.1".parse().unwrap(), true));
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert!(!PRODUCTION.allows(mapped, false));
+    }
+
     #[test]
     fn webhook_urls_are_checked_against_ssrf() {
-        let ok = |u: &str| check_webhook_url(u, false).is_ok();
+        let ok = |u: &str| check_webhook_url(u, DEVELOPMENT).is_ok();
         assert!(ok("https://hooks.example.com/x"));
         assert!(ok("http://localhost:8080/hook"));
         assert!(ok("http://127.0.0.1:9/hook"));
@@ -390,7 +570,15 @@ mod tests {
         assert!(!ok("ftp://hooks.example.com/x"));
         assert!(!ok("https://user:pw@hooks.example.com/x"));
         assert!(!ok("http://127.0.1.1/hook"));
-        assert!(check_webhook_url("http://10.0.0.1/hook", true).is_ok());
+        assert!(!ok("https://foo.localhost/hook"));
+        assert!(check_webhook_url(
+            "http://10.0.0.1/hook",
+            WebhookRule {
+                allow_private: true,
+                development: true
+            }
+        )
+        .is_ok());
         assert!(address_allowed("93.184.216.34".parse().unwrap()));
         assert!(!address_allowed("::ffff:10.1.2.3".parse().unwrap()));
     }

@@ -48,15 +48,28 @@ pub const SUBSCRIPTIONS_MAX: usize = 10_000;
 pub struct Settings {
     /// Deliver webhooks to private, loopback and link-local addresses too.
     pub webhook_allow_private: bool,
+    /// A development server (`--auth off`): the protocol's `http://localhost`
+    /// exception for webhooks holds.
+    pub development: bool,
     /// How often an idle subscription looks for data its node was not told of
     /// (appends on other members of a cluster, streams created elsewhere).
     pub rescan: Duration,
+}
+
+impl Settings {
+    pub fn webhook_rule(&self) -> config::WebhookRule {
+        config::WebhookRule {
+            allow_private: self.webhook_allow_private,
+            development: self.development,
+        }
+    }
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             webhook_allow_private: false,
+            development: false,
             rescan: Duration::from_secs(30),
         }
     }
@@ -70,7 +83,7 @@ pub struct Subscriptions {
     loading: tokio::sync::Mutex<()>,
     any: AtomicBool,
     pub signer: Signer,
-    webhooks: Mutex<HashMap<String, picomq_client::Client>>,
+    webhooks: super::webhook::Webhooks,
     /// The node's consumers, told of the wake events this one appends.
     hub: std::sync::OnceLock<Weak<Consumers>>,
     pub counters: super::Counters,
@@ -109,6 +122,7 @@ fn unavailable(e: EngineError) -> ConsumerError {
 
 impl Subscriptions {
     pub fn new(engine: Engine, settings: Settings, shutdown: ShutdownSignal) -> Arc<Subscriptions> {
+        let webhooks = super::webhook::Webhooks::new(settings.webhook_rule());
         Arc::new(Subscriptions {
             engine,
             settings,
@@ -116,7 +130,7 @@ impl Subscriptions {
             loading: tokio::sync::Mutex::new(()),
             any: AtomicBool::new(false),
             signer: Signer::default(),
-            webhooks: Mutex::new(HashMap::new()),
+            webhooks,
             hub: std::sync::OnceLock::new(),
             counters: super::Counters::default(),
             shutdown,
@@ -258,6 +272,9 @@ impl Subscriptions {
         root_url: &str,
         config: SubConfig,
     ) -> Result<(bool, Arc<Sub>), ConsumerError> {
+        if let Some(url) = &config.webhook_url {
+            config::check_webhook_url(url, self.settings.webhook_rule())?;
+        }
         let hash = config.hash();
         if let Some(sub) = self.get(path).await? {
             let live = sub.live.lock().await;
@@ -707,66 +724,29 @@ impl Subscriptions {
     /// POSTs a signed wake; `Ok(done)` for a 2xx answer.
     async fn post_webhook(&self, url: &str, body: Vec<u8>) -> Result<bool, String> {
         let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-        let host = parsed.host_str().ok_or("no host")?.to_string();
-        let port = parsed.port_or_known_default().ok_or("no port")?;
-        if !self.settings.webhook_allow_private {
-            let dev = config::check_webhook_url(url, false).is_ok() && parsed.scheme() == "http";
-            if !dev {
-                let addrs = tokio::net::lookup_host((host.trim_matches(['[', ']']), port))
-                    .await
-                    .map_err(|e| format!("cannot resolve {host}: {e}"))?;
-                for addr in addrs {
-                    if !config::address_allowed(addr.ip()) {
-                        return Err(format!(
-                            "{host} resolves to {}, a private or local address",
-                            addr.ip()
-                        ));
-                    }
-                }
-            }
-        }
         let key = self
             .signer
             .active(&self.engine)
             .await
             .map_err(|e| e.to_string())?;
         let signature = signature_header(&key, self.now_ms() / 1000, &body);
-        let origin = format!(
-            "{}://{}",
-            parsed.scheme(),
-            &url[parsed.scheme().len() + 3..]
-                .split(['/', '?', '#'])
-                .next()
-                .unwrap_or("")
-        );
-        let client = {
-            let mut clients = self.webhooks.lock().expect("webhook clients lock");
-            if clients.len() > 1024 {
-                clients.clear();
-            }
-            clients
-                .entry(origin.clone())
-                .or_insert_with(|| picomq_client::Client::new(&origin))
-                .clone()
-        };
-        let path = &url[origin.len()..];
-        let path = if path.is_empty() { "/" } else { path };
         let headers = [
             ("content-type", "application/json"),
             ("webhook-signature", signature.as_str()),
         ];
-        let send = client.post(path, &headers, body);
+        let send = self
+            .webhooks
+            .post(&parsed, &headers, body, WEBHOOK_ANSWER_BYTES_MAX);
         let resp = tokio::time::timeout(WEBHOOK_TIMEOUT, send)
             .await
-            .map_err(|_| format!("no answer within {WEBHOOK_TIMEOUT:?}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| format!("no answer within {WEBHOOK_TIMEOUT:?}"))??;
         if !resp.status.is_success() {
             return Err(format!("answered {}", resp.status));
         }
-        if resp.body.len() > WEBHOOK_ANSWER_BYTES_MAX {
+        let Some(body) = resp.body else {
             return Ok(false);
-        }
-        let done = serde_json::from_slice::<serde_json::Value>(&resp.body)
+        };
+        let done = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("done").and_then(|d| d.as_bool()))
             .unwrap_or(false);

@@ -8,6 +8,7 @@ pub mod config;
 pub mod manager;
 pub mod signing;
 pub mod state;
+pub mod webhook;
 
 use std::sync::Arc;
 

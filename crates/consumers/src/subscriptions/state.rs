@@ -445,12 +445,12 @@ mod tests {
         let r1 = req(&s);
         assert!(s.check_fence(Some(&t1), &r1).is_ok());
         assert_eq!(
-            s.check_fence(Some("other"), &r1).unwrap_err().code,
+            s.check_fence(Some("other"), &r1).unwrap_err().code(),
             "FENCED"
         );
         s.wake = None;
         let t2 = s.issue_wake(&tails, 0);
-        assert_eq!(s.check_fence(Some(&t1), &r1).unwrap_err().code, "FENCED");
+        assert_eq!(s.check_fence(Some(&t1), &r1).unwrap_err().code(), "FENCED");
         assert!(s.check_fence(Some(&t2), &req(&s)).is_ok());
         assert_eq!(s.generation, 2);
     }
@@ -469,7 +469,7 @@ mod tests {
         s.apply_acks(&[ack(12)], &tails).unwrap();
         assert_eq!(s.links["events/a"].acked, 15);
         assert_eq!(
-            s.apply_acks(&[ack(21)], &tails).unwrap_err().code,
+            s.apply_acks(&[ack(21)], &tails).unwrap_err().code(),
             "INVALID_OFFSET"
         );
         let unknown = AckItem {
@@ -485,11 +485,14 @@ mod tests {
     fn a_claim_is_exclusive_until_its_wake_ends() {
         let mut s = state(Kind::PullWake);
         let idle = HashMap::from([("events/a".to_string(), 10)]);
-        assert_eq!(s.claim("w1", &idle, 0).unwrap_err().code, "NO_PENDING_WORK");
+        assert_eq!(
+            s.claim("w1", &idle, 0).unwrap_err().code(),
+            "NO_PENDING_WORK"
+        );
         let tails = HashMap::from([("events/a".to_string(), 20)]);
         s.claim("w1", &tails, 0).unwrap();
         let busy = s.claim("w2", &tails, 0).unwrap_err();
-        assert_eq!(busy.code, "ALREADY_CLAIMED");
+        assert_eq!(busy.code(), "ALREADY_CLAIMED");
         assert!(s.lease_lapsed(1_000) && !s.lease_lapsed(999));
     }
 

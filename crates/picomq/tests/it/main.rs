@@ -21,6 +21,7 @@ mod cold_reads;
 mod compaction;
 mod console;
 mod consumer_groups;
+mod consumer_hardening;
 mod gc;
 mod graceful_shutdown;
 mod group_commit;

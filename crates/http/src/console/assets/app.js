@@ -74,8 +74,22 @@ function offsetPos(o) {
   return Number(o.split("_")[1]);
 }
 
+// A stream's name is its URL path as it was sent, percent-escapes kept: it goes
+// back into a URL as it is, and only what a URL cannot carry as it is gets escaped
+// (a "%" that starts no escape, spaces, non-ASCII). A dot segment (".", "..",
+// "%2e" and the like) would be resolved away by the browser, so the request would
+// address another path: no stream has one, and such a name is never sent.
+function isStreamName(name) {
+  return typeof name === "string" && name !== "" &&
+    !name.split("/").some((s) => s === "" || /^(\.|%2e){1,2}$/i.test(s));
+}
+
 function streamPath(name) {
-  return "/" + name.split("/").map(encodeURIComponent).join("/");
+  if (!isStreamName(name)) {
+    throw new ApiError(400, "bad_name", `${JSON.stringify(name)} is not a stream name (it has an empty, . or .. segment).`);
+  }
+  const escape = (seg) => seg.replace(/%(?![0-9A-Fa-f]{2})|[^A-Za-z0-9\-._~!$&'()*+,;=:@%]/g, (c) => encodeURIComponent(c));
+  return "/" + name.split("/").map(escape).join("/");
 }
 const nativePath = (name, action) => "/__picomq/streams" + streamPath(name) + "/" + action;
 const streamHref = (name) => "#/stream/" + encodeURIComponent(name);
@@ -644,6 +658,11 @@ function recordItem(rec, json) {
 
 pages.stream = (view, page) => {
   const name = page.arg;
+  if (!isStreamName(name)) {
+    view.append(h("p", {}, h("a", { href: "#/streams", text: "← Streams" })),
+      h("p", { class: "msg error", id: "stream-msg", role: "status", text: `${JSON.stringify(name)} is not a stream name (it has an empty, . or .. segment); nothing here can act on it.` }));
+    return;
+  }
   const isJson = () => (page.meta.type || "").startsWith("application/json");
   page.meta = {};
   const meta = h("dl", { class: "meta", id: "stream-meta" });
@@ -1108,7 +1127,9 @@ function route() {
   const [pathPart, queryPart] = hash.split("?");
   const [name, ...rest] = pathPart.split("/");
   const key = pages[name] && name !== "stream" ? name : name === "stream" && rest.length ? "stream" : "overview";
-  const page = { cleanups: [], arg: rest.length ? decodeURIComponent(rest.join("/")) : "", query: new URLSearchParams(queryPart || "") };
+  let arg = rest.join("/");
+  try { arg = decodeURIComponent(arg); } catch (_) { /* a malformed escape: kept as it is, refused below */ }
+  const page = { cleanups: [], arg, query: new URLSearchParams(queryPart || "") };
   current = page;
   const view = $("view");
   view.replaceChildren();
