@@ -285,6 +285,7 @@ impl Config {
     /// The engine's settings with what depends on the stores filled in.
     pub fn engine_config(&self) -> Result<EngineConfig, String> {
         let mut engine = self.engine.clone();
+        engine.store_name = picomq_engine::store::name(&self.store_url()?);
         let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
         let local = local(&self.store_url()?) && self.wal_store.as_deref().is_none_or(local);
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
