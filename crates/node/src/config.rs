@@ -233,7 +233,13 @@ impl Config {
         Ok(format!("sqlite://{}", dir.join("meta.sqlite").display()))
     }
 
-    fn absolute_data_dir(&self) -> Result<PathBuf, String> {
+    /// Whether the node keeps anything in `--data-dir` (its objects or its SQLite).
+    pub fn uses_data_dir(&self) -> bool {
+        let memory = self.store.as_deref().is_some_and(|s| s.starts_with("memory:"));
+        self.store.is_none() || (self.meta.is_none() && !memory)
+    }
+
+    pub fn absolute_data_dir(&self) -> Result<PathBuf, String> {
         std::path::absolute(&self.data_dir).map_err(|e| format!("--data-dir: {e}"))
     }
 
