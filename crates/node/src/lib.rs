@@ -261,6 +261,13 @@ impl Started {
                     return Err(format!("server stopped: {r:?}"));
                 }
                 () = current.engine.fenced(), if in_cluster => {
+                    let unbound = current.engine.cluster().and_then(|c| c.unbound().map(str::to_string));
+                    if let Some(why) = unbound {
+                        // Rejoining would be refused: the store and the metadata no
+                        // longer belong to each other. Stop, and say why.
+                        current.engine.shutdown().await;
+                        return Err(format!("stopped: the store and the metadata no longer belong to each other: {why} (see \"Identity\" in docs/cluster.md)"));
+                    }
                     tracing::warn!("this member was taken over by another node (its lease lapsed while it was away): rejoining as a new member");
                     let engine = recover(engine_config.clone(), opened.clone(), meta.clone()).await?;
                     let next = match Incarnation::start(&config, engine, &ports, &tls).await {
