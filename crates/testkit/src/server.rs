@@ -311,6 +311,58 @@ impl Server {
     }
 }
 
+/// A `picomq serve` that was meant to be refused: how long it ran, how it ended,
+/// what it logged.
+pub struct Refused {
+    pub elapsed: Duration,
+    pub status: ExitStatus,
+    pub log: String,
+}
+
+/// Runs `picomq serve` on `data_dir` with `extra` flags (exactly those: no test
+/// store is added) and waits up to `limit` for it to exit, which it must, failing.
+pub fn start_refused(data_dir: &Path, extra: &[&str], limit: Duration) -> Refused {
+    std::fs::create_dir_all(data_dir).expect("data dir");
+    let port = free_port();
+    let log = data_dir.join(format!("refused-{port}.log"));
+    let file = std::fs::File::create(&log).expect("create log");
+    let started = Instant::now();
+    let mut child = Command::new(picomq_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env("PICOMQ_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("clone log"))
+        .stderr(file)
+        .spawn()
+        .expect("spawn picomq");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "picomq was not refused within {limit:?}; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let refused = Refused {
+        elapsed: started.elapsed(),
+        status,
+        log: std::fs::read_to_string(&log).unwrap_or_default(),
+    };
+    assert!(!status.success(), "picomq exited 0; log:\n{}", refused.log);
+    refused
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         match &mut self.backend {
