@@ -280,7 +280,10 @@ pub async fn rebind(store: &dyn ObjectStore, meta: &Meta, store_name: &str) -> R
     let body = serde_json::to_vec_pretty(&id)
         .map_err(|e| EngineError::Internal(format!("identity: {e}")))?;
     store
-        .put(&Path::from(layout::IDENTITY), PutPayload::from(Bytes::from(body)))
+        .put(
+            &Path::from(layout::IDENTITY),
+            PutPayload::from(Bytes::from(body)),
+        )
         .await?;
     meta.rebind(&cluster_id, store_name).await?;
     Ok(Binding {
@@ -356,7 +359,9 @@ mod tests {
     use object_store::memory::InMemory;
 
     async fn sqlite() -> Meta {
-        Meta::open("sqlite::memory:").await.expect("in-memory SQLite")
+        Meta::open("sqlite::memory:")
+            .await
+            .expect("in-memory SQLite")
     }
 
     fn refused(r: Result<Binding>) -> String {
@@ -383,9 +388,16 @@ mod tests {
         let (a, b, meta) = (InMemory::new(), InMemory::new(), sqlite().await);
         let bound = bind(&a, &meta, "s3://bucket/a").await.unwrap();
         let msg = refused(bind(&b, &meta, "s3://bucket/b").await);
-        assert!(msg.contains("s3://bucket/a") && msg.contains("s3://bucket/b"), "{msg}");
+        assert!(
+            msg.contains("s3://bucket/a") && msg.contains("s3://bucket/b"),
+            "{msg}"
+        );
         assert!(msg.contains(&bound.cluster_id), "{msg}");
-        assert_eq!(read(&b).await.unwrap(), None, "nothing written to the wrong prefix");
+        assert_eq!(
+            read(&b).await.unwrap(),
+            None,
+            "nothing written to the wrong prefix"
+        );
     }
 
     #[tokio::test]
@@ -406,7 +418,10 @@ mod tests {
         };
         assert!(create(&cluster, &id).await.unwrap());
         let msg = refused(bind(&cluster, &sqlite().await, "memory://c").await);
-        assert!(msg.contains("single node") && msg.contains("postgres metadata m.1"), "{msg}");
+        assert!(
+            msg.contains("single node") && msg.contains("postgres metadata m.1"),
+            "{msg}"
+        );
     }
 
     #[tokio::test]

@@ -235,10 +235,14 @@ impl Config {
 
     /// Whether the node keeps anything in `--data-dir` (its objects or its SQLite).
     pub fn uses_data_dir(&self) -> bool {
-        let memory = self.store.as_deref().is_some_and(|s| s.starts_with("memory:"));
+        let memory = self
+            .store
+            .as_deref()
+            .is_some_and(|s| s.starts_with("memory:"));
         self.store.is_none() || (self.meta.is_none() && !memory)
     }
 
+    /// `--data-dir` as an absolute path.
     pub fn absolute_data_dir(&self) -> Result<PathBuf, String> {
         std::path::absolute(&self.data_dir).map_err(|e| format!("--data-dir: {e}"))
     }

@@ -44,7 +44,10 @@ pub fn lock(dir: &Path) -> Result<DataDirLock, String> {
             ));
         }
         Err(TryLockError::Error(e)) => {
-            return Err(format!("--data-dir {shown}: locking {}: {e}", path.display()))
+            return Err(format!(
+                "--data-dir {shown}: locking {}: {e}",
+                path.display()
+            ))
         }
     }
     let written = file
@@ -64,7 +67,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("picomq-lock-test-{}", std::process::id()));
         let held = lock(&dir).expect("first lock");
         let err = lock(&dir).expect_err("second lock refused");
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
         assert!(err.contains(&dir.display().to_string()), "{err}");
         drop(held);
         lock(&dir).expect("free again once the first is dropped");

@@ -103,6 +103,10 @@ impl Membership {
     /// One round: whether slots are still moving (run again soon), and how long
     /// until the next lease of another running member runs out, as read now.
     async fn step(&self) -> Result<(bool, Option<Duration>)> {
+        // Given up for good (see `give_up`): renewing would make the lease look held.
+        if self.cluster.unbound().is_some() {
+            return Ok((false, None));
+        }
         if !self.renew().await {
             return Ok((false, None));
         }

@@ -69,10 +69,18 @@ async fn nodes_on_another_prefix_of_the_same_database_are_refused() {
     let typo = fresh_s3_url("idprefix-typo");
     let dir = TempDir::new("idprefix-typo");
     let r = refused(&dir, &member(&cluster.db.url, &typo, "node-9"));
-    for named in ["refusing to start", &id, &store_name(&cluster.store), &store_name(&typo)] {
+    for named in [
+        "refusing to start",
+        &id,
+        &store_name(&cluster.store),
+        &store_name(&typo),
+    ] {
         assert!(r.log.contains(named), "{named:?} not in:\n{}", r.log);
     }
-    assert!(keys(&typo).await.is_empty(), "nothing written to the typo's prefix");
+    assert!(
+        keys(&typo).await.is_empty(),
+        "nothing written to the typo's prefix"
+    );
     // The cluster goes on, and shows what it is bound to.
     let v = cluster.nodes_seen_by(1).await;
     assert_eq!(v["cluster"]["store"], store_name(&cluster.store));
@@ -83,8 +91,16 @@ async fn nodes_on_another_prefix_of_the_same_database_are_refused() {
         .run(&["node", "ls"])
         .await;
     assert_eq!(ls.code, 0, "{ls:?}");
-    assert!(ls.stdout.contains(&format!("cluster {id}")), "{}", ls.stdout);
-    assert!(ls.stdout.contains(&store_name(&cluster.store)), "{}", ls.stdout);
+    assert!(
+        ls.stdout.contains(&format!("cluster {id}")),
+        "{}",
+        ls.stdout
+    );
+    assert!(
+        ls.stdout.contains(&store_name(&cluster.store)),
+        "{}",
+        ls.stdout
+    );
     cluster.shut_down().await;
 }
 
@@ -99,7 +115,11 @@ async fn a_second_database_on_a_clusters_prefix_is_refused() {
     assert!(r.log.contains("refusing to start"), "{}", r.log);
     assert!(r.log.contains(&id), "{}", r.log);
     assert!(r.log.contains("another database"), "{}", r.log);
-    assert_eq!(claims(&cluster.store).await, before, "the refused node claimed nothing");
+    assert_eq!(
+        claims(&cluster.store).await,
+        before,
+        "the refused node claimed nothing"
+    );
     other.drop().await;
     cluster.shut_down().await;
 }
@@ -185,11 +205,20 @@ async fn a_single_node_on_a_clusters_prefix_is_refused() {
     let dir = TempDir::new("idsingle-node");
     let args = ["--store".to_string(), cluster.store.clone()];
     let r = refused(&dir, &args);
-    assert!(r.log.contains("single node (SQLite) cannot serve a cluster's prefix"), "{}", r.log);
+    assert!(
+        r.log
+            .contains("single node (SQLite) cannot serve a cluster's prefix"),
+        "{}",
+        r.log
+    );
     assert!(r.log.contains(&store_name(&cluster.store)), "{}", r.log);
     let after = keys(&cluster.store).await;
     let new: Vec<&String> = after.iter().filter(|k| !before.contains(k)).collect();
-    assert!(new.iter().all(|k| !k.starts_with("epochs/") && !k.starts_with("checkpoints/")), "{new:?}");
+    assert!(
+        new.iter()
+            .all(|k| !k.starts_with("epochs/") && !k.starts_with("checkpoints/")),
+        "{new:?}"
+    );
     cluster.shut_down().await;
 }
 
@@ -210,7 +239,11 @@ async fn a_cluster_on_a_single_nodes_prefix_is_refused() {
     let r = refused(&dir, &member(&db.url, &prefix, "m-1"));
     assert!(r.log.contains("written by a single node"), "{}", r.log);
     assert!(r.log.contains(&store_name(&prefix)), "{}", r.log);
-    assert_eq!(claims(&prefix).await, before, "the refused member claimed nothing");
+    assert_eq!(
+        claims(&prefix).await,
+        before,
+        "the refused member claimed nothing"
+    );
     let read = single.client.get("/s/one?offset=-1").await.unwrap();
     assert_eq!(read.text(), "hello");
     db.drop().await;
@@ -230,7 +263,10 @@ async fn a_member_whose_prefix_changes_hands_stops_acknowledging() {
     let store = picomq_engine::store::open(&cluster.store).unwrap();
     let other = r#"{"clusterId":"someone-else","metaKind":"postgres","metaId":"x.1","store":"s3://elsewhere","createdUnixMs":0}"#;
     store
-        .put(&ObjectPath::from("identity.json"), other.as_bytes().to_vec().into())
+        .put(
+            &ObjectPath::from("identity.json"),
+            other.as_bytes().to_vec().into(),
+        )
         .await
         .unwrap();
     let status = cluster.node_mut(0).wait_exit(Duration::from_secs(20));
@@ -257,9 +293,20 @@ async fn a_copy_of_the_metadata_serves_only_after_a_rebind() {
     let dir = TempDir::new("idcopy-restored");
     let args = member(&copy.url, &cluster.store, "node-1");
     let r = refused(&dir, &args);
-    assert!(r.log.contains("another database, or a copy of it"), "{}", r.log);
+    assert!(
+        r.log.contains("another database, or a copy of it"),
+        "{}",
+        r.log
+    );
     let cli = support::cli::Cli::new("http://127.0.0.1:1");
-    let rebind = ["store", "rebind", "--store", &cluster.store, "--meta", &copy.url];
+    let rebind = [
+        "store",
+        "rebind",
+        "--store",
+        &cluster.store,
+        "--meta",
+        &copy.url,
+    ];
     let dry = cli.run(&rebind).await;
     assert_eq!(dry.code, 0, "{dry:?}");
     assert!(dry.stdout.contains("--yes"), "{dry:?}");
@@ -290,7 +337,11 @@ async fn a_second_server_on_a_held_data_directory_is_refused_at_once() {
     let first = Server::start_process(dir.path(), &[]).await;
     let r = start_refused(dir.path(), &[], Duration::from_secs(10));
     assert!(r.elapsed < Duration::from_secs(1), "took {:?}", r.elapsed);
-    assert!(r.log.contains(&dir.path().display().to_string()), "{}", r.log);
+    assert!(
+        r.log.contains(&dir.path().display().to_string()),
+        "{}",
+        r.log
+    );
     assert!(r.log.contains(&format!("pid {}", first.pid())), "{}", r.log);
     // The first one serves on.
     let ok = first.client.get("/readyz").await.unwrap();

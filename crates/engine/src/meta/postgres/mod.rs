@@ -27,7 +27,8 @@ use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use super::rows::decode_stamp;
 use super::{
-    redacted_url, ChunkRow, IndexRow, LocalIndex, MetaIdentity, MetaStore, StreamRow, TokenRecord, Watermark,
+    redacted_url, ChunkRow, IndexRow, LocalIndex, MetaIdentity, MetaStore, StreamRow, TokenRecord,
+    Watermark,
 };
 use crate::cluster::Coordinator;
 use crate::error::{EngineError, Result};
@@ -521,11 +522,13 @@ impl MetaStore for PostgresMeta {
     }
 
     async fn rebind(&self, cluster_id: &str, store: &str) -> Result<()> {
-        sqlx::query("UPDATE identity SET cluster_id = $1, store = $2, bound_at = now() WHERE one = 1")
-            .bind(cluster_id)
-            .bind(store)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE identity SET cluster_id = $1, store = $2, bound_at = now() WHERE one = 1",
+        )
+        .bind(cluster_id)
+        .bind(store)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -65,7 +65,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         6,
         include_str!("../../../migrations/sqlite/0006_sequence_numbers.sql"),
     ),
-    (7, include_str!("../../../migrations/sqlite/0007_identity.sql")),
+    (
+        7,
+        include_str!("../../../migrations/sqlite/0007_identity.sql"),
+    ),
 ];
 /// [`Meta::retention_candidates`]: `?1` now (ms), `?2` the name to start after, `?3`
 /// how many. MATERIALIZED: `kept` is computed once per stream, not per row it bounds.
@@ -536,12 +539,14 @@ impl MetaStore for SqliteMeta {
     }
 
     async fn rebind(&self, cluster_id: &str, store: &str) -> Result<()> {
-        sqlx::query("UPDATE identity SET cluster_id = ?, store = ?, bound_unix_ms = ? WHERE one = 1")
-            .bind(cluster_id)
-            .bind(store)
-            .bind(crate::clock::Clock::system().now_ms() as i64)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE identity SET cluster_id = ?, store = ?, bound_unix_ms = ? WHERE one = 1",
+        )
+        .bind(cluster_id)
+        .bind(store)
+        .bind(crate::clock::Clock::system().now_ms() as i64)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
