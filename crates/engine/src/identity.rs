@@ -129,6 +129,7 @@ async fn create(store: &dyn ObjectStore, id: &StoreIdentity) -> Result<bool> {
 pub async fn bind(store: &dyn ObjectStore, meta: &Meta, store_name: &str) -> Result<Binding> {
     let mine = meta.identity().await?;
     let mut found = read(store).await?;
+    let mut created = false;
     if found.is_none() {
         adoptable(store, meta, &mine, store_name).await?;
         let made = StoreIdentity {
@@ -141,6 +142,7 @@ pub async fn bind(store: &dyn ObjectStore, meta: &Meta, store_name: &str) -> Res
         if create(store, &made).await? {
             tracing::info!(cluster = %made.cluster_id, store = %store_name, "wrote the store's identity (first start on this prefix)");
             found = Some(made);
+            created = true;
         } else {
             // Another first start won the race: judge what it wrote.
             found = read(store).await?;
@@ -157,8 +159,14 @@ pub async fn bind(store: &dyn ObjectStore, meta: &Meta, store_name: &str) -> Res
         Some(_) => mine,
         None => meta.bind(&found.cluster_id, store_name).await?,
     };
-    // Two first starts on one database with different prefixes: one bound it.
-    agree(&found, &bound, store_name)?;
+    // Two first starts on one database with different prefixes: one bound it. The
+    // loser takes back the identity it just wrote, so its prefix stays untouched.
+    if let Err(refused) = agree(&found, &bound, store_name) {
+        if created {
+            let _ = store.delete(&Path::from(layout::IDENTITY)).await;
+        }
+        return Err(refused);
+    }
     Ok(Binding {
         cluster_id: found.cluster_id,
         store: store_name.to_string(),
@@ -190,7 +198,7 @@ pub fn agree(found: &StoreIdentity, mine: &MetaIdentity, store_name: &str) -> Re
             found.cluster_id
         ))),
         ("sqlite", "postgres") => Err(refusal(format!(
-            "--store {store_name} was written by a single node (cluster {}, {theirs}), and this node's {ours} is not its record; a cluster needs a prefix of its own (to move a single node into a cluster, see `picomq store rebind` in docs/cluster.md)",
+            "--store {store_name} was written by a single node (cluster {}, {theirs}), and this node's {ours} is not its record; a cluster needs a prefix of its own (moving a single node's streams into a cluster is not supported yet)",
             found.cluster_id
         ))),
         _ => Ok(()),
@@ -435,6 +443,15 @@ mod tests {
         let claimed = InMemory::new();
         crate::fencing::claim(&claimed, 4).await.unwrap();
         bind(&claimed, &meta, "memory://y").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_database_racing_onto_two_prefixes_binds_one_and_leaves_the_other_empty() {
+        let (a, b, meta) = (InMemory::new(), InMemory::new(), sqlite().await);
+        let (ra, rb) = tokio::join!(bind(&a, &meta, "memory://a"), bind(&b, &meta, "memory://b"));
+        assert!(ra.is_ok() != rb.is_ok(), "{ra:?} {rb:?}");
+        let loser = if ra.is_ok() { &b } else { &a };
+        assert_eq!(read(loser).await.unwrap(), None);
     }
 
     #[tokio::test]
