@@ -392,26 +392,39 @@ async fn start_node(
         .into_iter()
         .map(str::to_string)
         .chain(args.iter().cloned());
-    let cli = ServeCli::try_parse_from(argv).unwrap_or_else(|e| panic!("serve flags: {e}"));
-    let config = cli
-        .args
-        .config()
-        .unwrap_or_else(|e| panic!("serve flags: {e}"));
+    let argv: Vec<String> = argv.collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("node runtime");
-    let node = runtime
-        .spawn(async move {
-            let node = Node::start(config).await?;
-            node.ready().await?;
-            Ok::<_, String>(node)
-        })
-        .await
-        .expect("node task")
-        .unwrap_or_else(|e| panic!("node did not start: {e}"));
-    (runtime, node)
+    // A node of this process dropped as a crash would be (its runtime shut down in
+    // the background) lets go of the data directory's lock only once its tasks are
+    // dropped, a moment later: a process killed lets go at once.
+    let held_by_us = format!("pid {})", std::process::id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let cli = ServeCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("serve flags: {e}"));
+        let config = cli
+            .args
+            .config()
+            .unwrap_or_else(|e| panic!("serve flags: {e}"));
+        let started = runtime
+            .spawn(async move {
+                let node = Node::start(config).await?;
+                node.ready().await?;
+                Ok::<_, String>(node)
+            })
+            .await
+            .expect("node task");
+        match started {
+            Ok(node) => return (runtime, node),
+            Err(e) if e.contains(&held_by_us) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("node did not start: {e}"),
+        }
+    }
 }
 
 async fn stop_in(runtime: &tokio::runtime::Runtime, node: Node) {
