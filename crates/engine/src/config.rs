@@ -102,6 +102,9 @@ pub struct EngineConfig {
     /// Membership of a cluster (with a metadata store that coordinates one:
     /// Postgres); `None` on a single node.
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// The store as the prefix's identity records it and messages name it
+    /// (`store::name` of `--store`).
+    pub store_name: String,
 }
 
 /// Compaction rewrites old WAL data into read-optimized objects (see `compaction`).
@@ -226,6 +229,7 @@ impl Default for EngineConfig {
             cost: CostConfig::default(),
             clock: Clock::system(),
             cluster: None,
+            store_name: "unnamed".into(),
         }
     }
 }

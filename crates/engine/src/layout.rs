@@ -7,6 +7,7 @@
 //! seg/{epoch:010}/{seq:012}-{n:06}.seg                 compacted segments and packs data store
 //! checkpoints/{epoch:010}-{next_seq:012}-{ms:013}.ckpt metadata checkpoints         data store
 //! wal-log/                                             the local store's WAL log files (a directory, not keys)
+//! identity.json                                        the prefix's cluster, metadata  data store
 //! ```
 //!
 //! Numbers are zero-padded so that keys sort in the order they were written. With
@@ -28,6 +29,8 @@ pub const WAL: &str = "wal";
 pub const SEGMENTS: &str = "seg";
 /// Metadata checkpoints (see `checkpoint`).
 pub const CHECKPOINTS: &str = "checkpoints";
+/// The prefix's identity: its cluster and metadata of record (see `identity`).
+pub const IDENTITY: &str = "identity.json";
 /// The directory of the local store's WAL log files (see `store::local_log`).
 pub const LOCAL_LOG_DIR: &str = "wal-log";
 
@@ -152,5 +155,6 @@ mod tests {
         assert_eq!(home(&segment_key(1, 1, 1)), Home::Data);
         assert_eq!(home("checkpoints/x"), Home::Data);
         assert_eq!(home("walrus/x"), Home::Data);
+        assert_eq!(home(IDENTITY), Home::Data);
     }
 }

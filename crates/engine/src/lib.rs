@@ -21,6 +21,7 @@ pub mod domain;
 pub mod error;
 pub mod failpoint;
 pub mod fencing;
+pub mod identity;
 mod indexer;
 pub mod layout;
 pub mod meta;

@@ -43,6 +43,8 @@ pub(crate) struct Node {
     pub(crate) packer: Arc<Packer>,
     /// What recovery did at start: WAL objects replayed, checkpoint restored.
     pub(crate) recovered: (u64, bool),
+    /// The cluster and metadata this node's store belongs to, checked at start.
+    pub(crate) binding: crate::identity::Binding,
 }
 
 /// The storage engine and stream service of one node. The stream operations are the
@@ -121,6 +123,15 @@ impl Engine {
         // request is retried on its own rather than the whole pass.
         let patient: Arc<dyn ObjectStore> =
             Arc::new(crate::store::retrying::RetryingStore::new(store.clone()));
+        // Before anything is written to the bucket: this metadata and this prefix
+        // must belong to each other (see `identity`).
+        let binding = crate::identity::bind(&*patient, &meta, &config.store_name).await?;
+        tracing::info!(
+            cluster = %binding.cluster_id,
+            store = %binding.store,
+            meta = %format!("{} {}", binding.meta_kind, binding.meta_id),
+            "the metadata and the store belong to each other"
+        );
         let recovered = match &coordinator {
             // A member recovers nothing itself: its log is new, and the logs of
             // members that died are taken over by the membership loop.
@@ -145,6 +156,9 @@ impl Engine {
         }
         tracing::info!(
             epoch = recovered.epoch,
+            cluster = %binding.cluster_id,
+            store = %binding.store,
+            meta = %format!("{} {}", binding.meta_kind, binding.meta_id),
             replayed = recovered.objects_replayed,
             checkpoint = ?recovered.restored_from,
             "recovered from the object store"
@@ -269,6 +283,7 @@ impl Engine {
                 recovered.objects_replayed,
                 recovered.restored_from.is_some(),
             ),
+            binding,
         });
         let engine = Engine { service, node };
         engine.schedule_passes();
@@ -286,7 +301,10 @@ impl Engine {
     fn join_cluster(&self, cluster: Arc<crate::cluster::Cluster>, takeover: Arc<Takeover>) {
         let wal = self.service.inner.wal.clone();
         let on_fenced: Box<dyn Fn() + Send + Sync> = Box::new(move || wal.fence());
-        let membership = Membership::new(cluster, self.service.clone(), takeover, on_fenced);
+        let watch = crate::identity::Watch {
+            binding: self.node.binding.clone(),
+        };
+        let membership = Membership::new(cluster, self.service.clone(), takeover, on_fenced, watch);
         self.node.scheduler.keep(membership.run());
     }
 
@@ -330,15 +348,23 @@ impl Engine {
         // In a cluster every member claims epochs: a newer claim is no sign of a
         // takeover there (its lease says that).
         if let Some(interval) = config.fence_check_interval.filter(|_| cluster.is_none()) {
-            let (store, wal, epoch) = (
+            let (store, wal, epoch, meta) = (
                 self.node.store.clone(),
                 self.service.inner.wal.clone(),
                 self.node.epoch,
+                self.service.inner.meta.clone(),
             );
+            let watch = Arc::new(crate::identity::Watch {
+                binding: self.node.binding.clone(),
+            });
             sched.every(Every::writer("fence-watch", interval), move || {
-                let (store, wal) = (store.clone(), wal.clone());
+                let (store, wal, meta, watch) =
+                    (store.clone(), wal.clone(), meta.clone(), watch.clone());
                 async move {
                     if let Ok(true) = crate::fencing::superseded(&*store, epoch).await {
+                        wal.fence();
+                    } else if let Some(why) = watch.changed(&*store, &meta).await {
+                        tracing::error!(binding = %watch.binding, "the store and the metadata no longer belong to each other: {why}; this node stops acknowledging writes");
                         wal.fence();
                     }
                 }
@@ -439,6 +465,11 @@ impl Engine {
 
     pub fn epoch(&self) -> u64 {
         self.node.epoch
+    }
+
+    /// The cluster and metadata this node's store belongs to (checked at start).
+    pub fn binding(&self) -> &crate::identity::Binding {
+        &self.node.binding
     }
 
     /// Resolves once this node is fenced: another process took its log over (on

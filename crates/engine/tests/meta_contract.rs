@@ -69,4 +69,5 @@ contract!(
     tokens_put_replace_and_revoke,
     server_keys_keep_the_first,
     replaying_a_batch_changes_nothing,
+    identity_binds_once_and_rebinds_on_purpose,
 );

@@ -233,7 +233,17 @@ impl Config {
         Ok(format!("sqlite://{}", dir.join("meta.sqlite").display()))
     }
 
-    fn absolute_data_dir(&self) -> Result<PathBuf, String> {
+    /// Whether the node keeps anything in `--data-dir` (its objects or its SQLite).
+    pub fn uses_data_dir(&self) -> bool {
+        let memory = self
+            .store
+            .as_deref()
+            .is_some_and(|s| s.starts_with("memory:"));
+        self.store.is_none() || (self.meta.is_none() && !memory)
+    }
+
+    /// `--data-dir` as an absolute path.
+    pub fn absolute_data_dir(&self) -> Result<PathBuf, String> {
         std::path::absolute(&self.data_dir).map_err(|e| format!("--data-dir: {e}"))
     }
 
@@ -285,6 +295,7 @@ impl Config {
     /// The engine's settings with what depends on the stores filled in.
     pub fn engine_config(&self) -> Result<EngineConfig, String> {
         let mut engine = self.engine.clone();
+        engine.store_name = picomq_engine::store::name(&self.store_url()?);
         let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
         let local = local(&self.store_url()?) && self.wal_store.as_deref().is_none_or(local);
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {

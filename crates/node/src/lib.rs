@@ -5,6 +5,7 @@
 //! in-process through it.
 
 pub mod config;
+pub mod data_dir;
 mod recovering;
 pub mod storage;
 
@@ -46,6 +47,8 @@ pub struct Node {
 
 /// What the node's task owns between start and stop.
 struct Started {
+    /// Held until the node ends (see `data_dir`); `None` when no data directory is used.
+    data_dir_lock: Option<data_dir::DataDirLock>,
     config: Config,
     meta: Meta,
     opened: storage::OpenedStore,
@@ -64,6 +67,12 @@ impl Node {
         let tls = match &config.tls {
             Some((cert, key)) => Some(Arc::new(Tls::load(cert, key)?)),
             None => None,
+        };
+        // Before anything in the directory is opened: a second server on it is
+        // refused at once rather than after its recovery gives up.
+        let data_dir_lock = match config.uses_data_dir() {
+            true => Some(data_dir::lock(&config.absolute_data_dir()?)?),
+            false => None,
         };
         let store_url = config.store_url()?;
         let meta_url = config.meta_url()?;
@@ -112,6 +121,7 @@ impl Node {
         let (state_tx, state) = watch::channel(State::Recovering);
         let (stop, stopped) = oneshot::channel();
         let started = Started {
+            data_dir_lock,
             config,
             meta,
             opened,
@@ -204,6 +214,7 @@ impl Started {
 
     async fn serve(self, stop: &mut oneshot::Receiver<()>) -> Result<(), String> {
         let Started {
+            data_dir_lock: _held_until_the_node_ends,
             config,
             meta,
             opened,
@@ -250,6 +261,13 @@ impl Started {
                     return Err(format!("server stopped: {r:?}"));
                 }
                 () = current.engine.fenced(), if in_cluster => {
+                    let unbound = current.engine.cluster().and_then(|c| c.unbound().map(str::to_string));
+                    if let Some(why) = unbound {
+                        // Rejoining would be refused: the store and the metadata no
+                        // longer belong to each other. Stop, and say why.
+                        current.engine.shutdown().await;
+                        return Err(format!("stopped: the store and the metadata no longer belong to each other: {why} (see \"Identity\" in docs/cluster.md)"));
+                    }
                     tracing::warn!("this member was taken over by another node (its lease lapsed while it was away): rejoining as a new member");
                     let engine = recover(engine_config.clone(), opened.clone(), meta.clone()).await?;
                     let next = match Incarnation::start(&config, engine, &ports, &tls).await {

@@ -3,7 +3,7 @@
 //! commands live in the `picomq` library; this is the process around them.
 
 use clap::{Parser, Subcommand};
-use picomq::{cli, config_file, serve};
+use picomq::{cli, config_file, identity, serve};
 
 /// mimalloc instead of glibc malloc: the request path allocates a few dozen small
 /// objects per append across threads, where glibc spent ~16% of the server's
@@ -97,6 +97,11 @@ struct Cli {
 enum Command {
     /// Run the server (defaults: 127.0.0.1:4437, data in ./picomq-data).
     Serve(Box<serve::ServeArgs>),
+    /// The binding of a store and its metadata: show it, or rebind them deliberately.
+    Store {
+        #[command(subcommand)]
+        command: identity::StoreCommand,
+    },
     /// Benchmark any Durable Streams server (appends, live and catch-up reads, costs).
     Bench(Box<picomq_bench::BenchArgs>),
     #[command(flatten)]
@@ -123,6 +128,7 @@ fn main() -> std::process::ExitCode {
                 tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::new());
             runtime.block_on(picomq_bench::run(*args))
         }
+        Command::Store { command } => runtime.block_on(identity::run(command)),
         Command::Client(command) => runtime.block_on(cli::run(*command)),
     }
 }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use picomq_client::Client;
-pub use server::{picomq_bin, Server};
+pub use server::{picomq_bin, start_refused, Refused, Server};
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 

@@ -59,6 +59,28 @@ impl Database {
         }
     }
 
+    /// A new database holding a copy of this one (`CREATE DATABASE ... TEMPLATE`,
+    /// as a restore from a backup would): nobody may be connected to this one.
+    pub async fn copy(&self, tag: &str) -> Database {
+        let copy = Database::create(tag).await;
+        let drop = format!("DROP DATABASE \"{}\"", copy.name);
+        admin(&server_url(), &drop).await;
+        let sql = format!(
+            "CREATE DATABASE \"{}\" TEMPLATE \"{}\"",
+            copy.name, self.name
+        );
+        let mut last = String::new();
+        for _ in 0..40 {
+            // The nodes' connections may take a moment to close.
+            match try_admin(&server_url(), &sql).await {
+                Ok(()) => return copy,
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        panic!("copying database {}: {last}", self.name);
+    }
+
     /// Drops the database, closing whatever connections still use it.
     ///
     /// `FORCE` ends the database's other sessions, and a role that is not a

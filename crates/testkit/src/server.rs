@@ -311,6 +311,58 @@ impl Server {
     }
 }
 
+/// A `picomq serve` that was meant to be refused: how long it ran, how it ended,
+/// what it logged.
+pub struct Refused {
+    pub elapsed: Duration,
+    pub status: ExitStatus,
+    pub log: String,
+}
+
+/// Runs `picomq serve` on `data_dir` with `extra` flags (exactly those: no test
+/// store is added) and waits up to `limit` for it to exit, which it must, failing.
+pub fn start_refused(data_dir: &Path, extra: &[&str], limit: Duration) -> Refused {
+    std::fs::create_dir_all(data_dir).expect("data dir");
+    let port = free_port();
+    let log = data_dir.join(format!("refused-{port}.log"));
+    let file = std::fs::File::create(&log).expect("create log");
+    let started = Instant::now();
+    let mut child = Command::new(picomq_bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env("PICOMQ_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("clone log"))
+        .stderr(file)
+        .spawn()
+        .expect("spawn picomq");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "picomq was not refused within {limit:?}; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let refused = Refused {
+        elapsed: started.elapsed(),
+        status,
+        log: std::fs::read_to_string(&log).unwrap_or_default(),
+    };
+    assert!(!status.success(), "picomq exited 0; log:\n{}", refused.log);
+    refused
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         match &mut self.backend {
@@ -340,26 +392,39 @@ async fn start_node(
         .into_iter()
         .map(str::to_string)
         .chain(args.iter().cloned());
-    let cli = ServeCli::try_parse_from(argv).unwrap_or_else(|e| panic!("serve flags: {e}"));
-    let config = cli
-        .args
-        .config()
-        .unwrap_or_else(|e| panic!("serve flags: {e}"));
+    let argv: Vec<String> = argv.collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("node runtime");
-    let node = runtime
-        .spawn(async move {
-            let node = Node::start(config).await?;
-            node.ready().await?;
-            Ok::<_, String>(node)
-        })
-        .await
-        .expect("node task")
-        .unwrap_or_else(|e| panic!("node did not start: {e}"));
-    (runtime, node)
+    // A node of this process dropped as a crash would be (its runtime shut down in
+    // the background) lets go of the data directory's lock only once its tasks are
+    // dropped, a moment later: a process killed lets go at once.
+    let held_by_us = format!("pid {})", std::process::id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let cli = ServeCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("serve flags: {e}"));
+        let config = cli
+            .args
+            .config()
+            .unwrap_or_else(|e| panic!("serve flags: {e}"));
+        let started = runtime
+            .spawn(async move {
+                let node = Node::start(config).await?;
+                node.ready().await?;
+                Ok::<_, String>(node)
+            })
+            .await
+            .expect("node task");
+        match started {
+            Ok(node) => return (runtime, node),
+            Err(e) if e.contains(&held_by_us) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("node did not start: {e}"),
+        }
+    }
 }
 
 async fn stop_in(runtime: &tokio::runtime::Runtime, node: Node) {

@@ -11,6 +11,10 @@
 //! - by a claim of a free slot: one nobody owned, or whose owner is finished (its
 //!   log sealed and fully indexed, by a takeover or by its leaving).
 //!
+//! Each step also checks that the bucket prefix and the metadata still belong to
+//! each other (`identity`); when they no longer do, the member stops acknowledging
+//! at once and for good, as a member taken over does, and says why.
+//!
 //! A member judges others dead only after it has held its own lease for a whole
 //! lease period: after an outage of Postgres every member's lease has lapsed by the
 //! store's clock, and the first to reconnect must not take over the others before
@@ -47,6 +51,8 @@ pub(crate) struct Membership {
     taking: Arc<Mutex<HashSet<u64>>>,
     /// Where to tell the node it lost its lease for good.
     on_fenced: Box<dyn Fn() + Send + Sync>,
+    /// The binding checked at start, checked again every step.
+    watch: crate::identity::Watch,
 }
 
 impl Membership {
@@ -55,6 +61,7 @@ impl Membership {
         service: Service,
         takeover: Arc<Takeover>,
         on_fenced: Box<dyn Fn() + Send + Sync>,
+        watch: crate::identity::Watch,
     ) -> Membership {
         Membership {
             cluster,
@@ -62,6 +69,7 @@ impl Membership {
             takeover,
             taking: Arc::default(),
             on_fenced,
+            watch,
         }
     }
 
@@ -95,11 +103,24 @@ impl Membership {
     /// One round: whether slots are still moving (run again soon), and how long
     /// until the next lease of another running member runs out, as read now.
     async fn step(&self) -> Result<(bool, Option<Duration>)> {
+        // Given up for good (see `give_up`): renewing would make the lease look held.
+        if self.cluster.unbound().is_some() {
+            return Ok((false, None));
+        }
         if !self.renew().await {
             return Ok((false, None));
         }
-        let members = self.cluster.coord.members().await?;
-        let slots = self.cluster.coord.slots().await?;
+        // The binding is read beside the members and slots, so it costs no time.
+        let (members, slots, unbound) = tokio::join!(
+            self.cluster.coord.members(),
+            self.cluster.coord.slots(),
+            self.binding_changed()
+        );
+        if let Some(why) = unbound {
+            self.give_up(&why);
+            return Ok((false, None));
+        }
+        let (members, slots) = (members?, slots?);
         self.cluster.set_members(members.clone());
         for row in &slots {
             self.cluster.apply_slot(*row);
@@ -145,6 +166,33 @@ impl Membership {
             }
         }
         c.lease.is_valid()
+    }
+
+    /// Why this member's store and metadata no longer belong to each other, if they
+    /// do not (see `identity::Watch`); `None` also when either cannot be read in
+    /// time: an unreachable store is the lease's business.
+    async fn binding_changed(&self) -> Option<String> {
+        let (store, meta) = (&*self.takeover.store, &self.takeover.meta);
+        let check = self.watch.changed(store, meta);
+        tokio::time::timeout(self.cluster.lease.renew_every(), check)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Stops acknowledging for good: the metadata or the prefix now belongs to
+    /// something else, so nothing this member writes could be found again.
+    fn give_up(&self, why: &str) {
+        let c = &self.cluster;
+        tracing::error!(
+            epoch = c.epoch,
+            binding = %self.watch.binding,
+            "the store and the metadata no longer belong to each other: {why}; this member stops acknowledging writes"
+        );
+        c.set_unbound(why);
+        c.lease.lost();
+        c.disown_all();
+        (self.on_fenced)();
     }
 
     /// Starts a takeover of each member the store judges lapsed, once this member

@@ -140,6 +140,9 @@ pub struct Cluster {
     draining: AtomicBool,
     wake: tokio::sync::Notify,
     pub(crate) stats: ClusterStats,
+    /// Why this member gave up: its store and metadata stopped belonging to each
+    /// other (see `identity`).
+    unbound: std::sync::OnceLock<String>,
 }
 
 impl Cluster {
@@ -159,7 +162,18 @@ impl Cluster {
             draining: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             stats: ClusterStats::default(),
+            unbound: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Why this member stopped for good, if its store and metadata stopped
+    /// belonging to each other; it must not rejoin.
+    pub fn unbound(&self) -> Option<&str> {
+        self.unbound.get().map(String::as_str)
+    }
+
+    pub(crate) fn set_unbound(&self, why: &str) {
+        let _ = self.unbound.set(why.to_string());
     }
 
     /// Whether this node may serve `slot` now: it owns it and its lease holds.

@@ -27,6 +27,7 @@ use crate::offset::Offset;
 use crate::wal::format::{ForkOrigin, ProducerStamp};
 use crate::wal::FlushedObject;
 
+pub use crate::identity::MetaIdentity;
 pub use crate::wal::format::TokenRecord;
 pub use postgres::PostgresMeta;
 pub use sqlite::{SqliteMeta, SCHEMA_VERSION};
@@ -155,6 +156,17 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Every token, revoked ones included.
     async fn tokens(&self) -> Result<Vec<TokenRecord>>;
     async fn server_key(&self, name: &str) -> Result<Option<Vec<u8>>>;
+
+    // ---- identity ---------------------------------------------------------------
+
+    /// This database's id and the cluster and store it is bound to (see `identity`).
+    async fn identity(&self) -> Result<MetaIdentity>;
+    /// Binds a database not yet bound to `cluster_id` at `store`; returns the
+    /// identity after (bound to whichever binding came first).
+    async fn bind(&self, cluster_id: &str, store: &str) -> Result<MetaIdentity>;
+    /// Binds the database to `cluster_id` at `store` whatever it was bound to (a
+    /// deliberate move: `identity::rebind`).
+    async fn rebind(&self, cluster_id: &str, store: &str) -> Result<()>;
 
     /// The local index of an embedded store, which can be checkpointed and rebuilt;
     /// `None` for a store that is the metadata of record.

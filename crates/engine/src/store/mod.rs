@@ -56,6 +56,26 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>> {
     }
 }
 
+/// The store a URL names, without its settings or credentials: `scheme://bucket/prefix`
+/// for cloud stores, the path for local ones. Stable across changes of endpoint or
+/// keys, so a prefix's identity can record it and messages can show it.
+pub fn name(url: &str) -> String {
+    if url.starts_with("file://") || url.starts_with("memory:") {
+        return url.trim_end_matches('/').to_string();
+    }
+    match url::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}/{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.path().trim_matches('/')
+        )
+        .trim_end_matches('/')
+        .to_string(),
+        Err(_) => url.split('?').next().unwrap_or(url).to_string(),
+    }
+}
+
 /// Deletes the staging files a crashed process left in a `file://` store (the local
 /// backend writes `KEY#N`, then links it to `KEY`; a crash in between leaves the
 /// staging file, which no listing shows): the local form of an abandoned upload.

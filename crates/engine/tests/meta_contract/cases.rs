@@ -1355,3 +1355,31 @@ pub async fn replaying_a_batch_changes_nothing(meta: Meta) {
     }
     assert_eq!(snapshot(&meta, 5).await, once, "in pairs");
 }
+
+// ---- identity ---------------------------------------------------------------------
+
+/// A database has an id from its first open, is bound once, and only a rebind
+/// changes what it is bound to; a restore of the local index keeps the binding.
+pub async fn identity_binds_once_and_rebinds_on_purpose(meta: Meta) {
+    let fresh = meta.identity().await.unwrap();
+    assert!(!fresh.meta_id.is_empty());
+    assert_eq!(fresh.cluster_id, None);
+    assert_eq!(fresh.store, None);
+    let bound = meta.bind("c1", "s3://b/one").await.unwrap();
+    assert_eq!(bound.cluster_id.as_deref(), Some("c1"));
+    assert_eq!(bound.store.as_deref(), Some("s3://b/one"));
+    assert_eq!(bound.meta_id, fresh.meta_id);
+    // A second bind (a racing first start elsewhere) does not move it.
+    let again = meta.bind("c2", "s3://b/two").await.unwrap();
+    assert_eq!(again.cluster_id.as_deref(), Some("c1"));
+    assert_eq!(again.store.as_deref(), Some("s3://b/one"));
+    meta.rebind("c2", "s3://b/two").await.unwrap();
+    let moved = meta.identity().await.unwrap();
+    assert_eq!(moved.cluster_id.as_deref(), Some("c2"));
+    assert_eq!(moved.store.as_deref(), Some("s3://b/two"));
+    assert_eq!(moved.meta_id, fresh.meta_id);
+    // The identity is no state of the index: an emptied index still reads as empty.
+    if let Some(index) = meta.local_index() {
+        assert!(index.is_empty().await.unwrap());
+    }
+}

@@ -1,4 +1,5 @@
-//! `GET /__picomq/nodes`: the cluster's members, their state, lease and how many
+//! `GET /__picomq/nodes`: the cluster's identity (its id, its store and its
+//! metadata, see `engine::identity`), its members, their state, lease and how many
 //! slots (and so what share of the streams) each serves. `POST
 //! /__picomq/nodes/{id}/drain` hands a node's streams to the others without
 //! stopping it; `POST /__picomq/nodes/{id}/resume` lets it take its share again.
@@ -68,9 +69,15 @@ pub async fn list(
             })
         })
         .collect();
+    let b = app.engine.binding();
+    let identity = json!({
+        "clusterId": b.cluster_id,
+        "store": b.store,
+        "meta": { "kind": b.meta_kind, "id": b.meta_id },
+    });
     Ok(json_response(
         StatusCode::OK,
-        json!({ "nodes": nodes, "slots": SLOTS }),
+        json!({ "cluster": identity, "nodes": nodes, "slots": SLOTS }),
     ))
 }
 

@@ -12,7 +12,8 @@ const NODES: &str = "/__picomq/nodes";
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
-    /// List the cluster's nodes: state, lease, share of the streams.
+    /// List the cluster's nodes: state, lease, share of the streams (after a line
+    /// naming the cluster, its store and its metadata).
     Ls(LsArgs),
     /// Hand a node's streams to the other nodes without stopping it.
     Drain(NodeArgs),
@@ -62,7 +63,15 @@ async fn ls(ctx: &Ctx) -> CliResult {
     if ctx.json() {
         return out_json(&v);
     }
-    let mut text = String::from("NODE\tSTATE\tLEASE\tSLOTS\tSHARE\tEPOCH\tURL\n");
+    let c = &v["cluster"];
+    let mut text = format!(
+        "cluster {}  store {}  metadata {} {}\n",
+        c["clusterId"].as_str().unwrap_or("?"),
+        c["store"].as_str().unwrap_or("?"),
+        c["meta"]["kind"].as_str().unwrap_or("?"),
+        c["meta"]["id"].as_str().unwrap_or("?"),
+    );
+    text.push_str("NODE\tSTATE\tLEASE\tSLOTS\tSHARE\tEPOCH\tURL\n");
     for n in v["nodes"].as_array().into_iter().flatten() {
         let lease = n["leaseExpiresInMs"].as_i64().unwrap_or(0);
         let lease = if lease > 0 {

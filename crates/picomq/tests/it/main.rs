@@ -17,6 +17,7 @@ mod cli_cycle;
 mod cli_tail_restart;
 mod cli_tokens;
 mod cluster;
+mod cluster_identity;
 mod cold_reads;
 mod compaction;
 mod console;

@@ -27,7 +27,8 @@ use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use super::rows::decode_stamp;
 use super::{
-    redacted_url, ChunkRow, IndexRow, LocalIndex, MetaStore, StreamRow, TokenRecord, Watermark,
+    redacted_url, ChunkRow, IndexRow, LocalIndex, MetaIdentity, MetaStore, StreamRow, TokenRecord,
+    Watermark,
 };
 use crate::cluster::Coordinator;
 use crate::error::{EngineError, Result};
@@ -60,6 +61,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         3,
         include_str!("../../../migrations/postgres/0003_sequence_numbers.sql"),
+    ),
+    (
+        4,
+        include_str!("../../../migrations/postgres/0004_identity.sql"),
     ),
 ];
 
@@ -488,6 +493,43 @@ impl MetaStore for PostgresMeta {
 
     async fn server_key(&self, name: &str) -> Result<Option<Vec<u8>>> {
         tokens::server_key(&self.pool, name).await
+    }
+
+    async fn identity(&self) -> Result<MetaIdentity> {
+        // The row's id with the database's OID: a copy of the rows on another
+        // database (a restore, a template) is another metadata, until rebound.
+        let r = sqlx::query(
+            "SELECT i.meta_id || '.' || d.oid::text, i.cluster_id, i.store FROM identity i \
+             JOIN pg_database d ON d.datname = current_database() WHERE i.one = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(MetaIdentity {
+            kind: "postgres",
+            meta_id: r.get(0),
+            cluster_id: r.get(1),
+            store: r.get(2),
+        })
+    }
+
+    async fn bind(&self, cluster_id: &str, store: &str) -> Result<MetaIdentity> {
+        sqlx::query("UPDATE identity SET cluster_id = $1, store = $2, bound_at = now() WHERE one = 1 AND cluster_id IS NULL")
+            .bind(cluster_id)
+            .bind(store)
+            .execute(&self.pool)
+            .await?;
+        self.identity().await
+    }
+
+    async fn rebind(&self, cluster_id: &str, store: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE identity SET cluster_id = $1, store = $2, bound_at = now() WHERE one = 1",
+        )
+        .bind(cluster_id)
+        .bind(store)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// The metadata of record: nothing to checkpoint or rebuild.

@@ -25,7 +25,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use super::rows::decode_stamp;
-use super::{ChunkRow, IndexRow, LocalIndex, MetaStore, StreamRow, TokenRecord, Watermark};
+use super::{
+    ChunkRow, IndexRow, LocalIndex, MetaIdentity, MetaStore, StreamRow, TokenRecord, Watermark,
+};
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
 use crate::wal::format::ForkOrigin;
@@ -62,6 +64,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         6,
         include_str!("../../../migrations/sqlite/0006_sequence_numbers.sql"),
+    ),
+    (
+        7,
+        include_str!("../../../migrations/sqlite/0007_identity.sql"),
     ),
 ];
 /// [`Meta::retention_candidates`]: `?1` now (ms), `?2` the name to start after, `?3`
@@ -165,10 +171,12 @@ impl SqliteMeta {
         Ok(())
     }
 
-    /// The tables holding state (everything but the schema version).
+    /// The tables holding state derived from the bucket (everything but the schema
+    /// version and the database's identity, which a restore keeps: it was checked
+    /// against the bucket before the restore began).
     async fn tables(&self) -> Result<Vec<String>> {
         let rows = sqlx::query(
-            "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name != 'schema_version'",
+            "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name NOT IN ('schema_version', 'identity')",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -506,6 +514,40 @@ impl MetaStore for SqliteMeta {
 
     async fn count_streams_with_prefix(&self, prefix: &str, limit: u64) -> Result<u64> {
         tokens::count_streams_with_prefix(&self.pool, prefix, limit).await
+    }
+
+    async fn identity(&self) -> Result<MetaIdentity> {
+        let r = sqlx::query("SELECT meta_id, cluster_id, store FROM identity WHERE one = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(MetaIdentity {
+            kind: "sqlite",
+            meta_id: r.get(0),
+            cluster_id: r.get(1),
+            store: r.get(2),
+        })
+    }
+
+    async fn bind(&self, cluster_id: &str, store: &str) -> Result<MetaIdentity> {
+        sqlx::query("UPDATE identity SET cluster_id = ?, store = ?, bound_unix_ms = ? WHERE one = 1 AND cluster_id IS NULL")
+            .bind(cluster_id)
+            .bind(store)
+            .bind(crate::clock::Clock::system().now_ms() as i64)
+            .execute(&self.pool)
+            .await?;
+        self.identity().await
+    }
+
+    async fn rebind(&self, cluster_id: &str, store: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE identity SET cluster_id = ?, store = ?, bound_unix_ms = ? WHERE one = 1",
+        )
+        .bind(cluster_id)
+        .bind(store)
+        .bind(crate::clock::Clock::system().now_ms() as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     fn local_index(&self) -> Option<&dyn LocalIndex> {

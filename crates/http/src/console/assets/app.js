@@ -935,6 +935,7 @@ pages.cluster = (view, page) => {
   const past = h("tbody");
   const status = msg("cluster-msg");
   const summary = h("p", { id: "cluster-summary" });
+  const identity = h("p", { id: "cluster-identity", class: "mono" });
   const load = async () => {
     let r;
     try {
@@ -953,6 +954,8 @@ pages.cluster = (view, page) => {
       say(status, e.message);
       return;
     }
+    const c = r.cluster || {};
+    identity.textContent = `Cluster ${c.clusterId || "?"} · store ${c.store || "?"} · ${(c.meta || {}).kind || "?"} metadata ${(c.meta || {}).id || "?"}`;
     const running = r.nodes.filter((n) => !["left", "taken_over", "superseded"].includes(n.state));
     const finished = r.nodes.filter((n) => !running.includes(n));
     summary.textContent = `${running.length} running nodes share ${r.slots} slots; each stream belongs to one slot, so a node's share of slots is its share of the streams.`;
@@ -979,7 +982,7 @@ pages.cluster = (view, page) => {
     say(status, "");
   };
   view.append(
-    h("h1", { text: "Cluster" }), status, summary,
+    h("h1", { text: "Cluster" }), status, summary, identity,
     h("section", { class: "panel" }, h("h2", { text: "Nodes" }),
       table("nodes-table", ["Node", "State", "#Lease left", "#Slots", "#Share", "Address", ""], body)),
     h("section", { class: "panel" }, h("h2", { text: "Recent takeovers and drains" }),
