@@ -217,9 +217,13 @@ pub async fn handle(
                 r = groups.claim_for(group, &stream, req) => r?,
                 _ = app.shutdown.fired() => (Vec::new(), 0),
             };
+            let data = picomq_engine::StreamName::new(
+                stream.clone(),
+                app.engine.config().stream_name_bytes_max,
+            )?;
             let json_stream = app
                 .engine
-                .head(&groups.named(group, &stream).await?.stream)
+                .head(&data)
                 .await
                 .map(|i| i.content_type.starts_with("application/json"))
                 .unwrap_or(true);

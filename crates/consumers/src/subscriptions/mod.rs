@@ -50,6 +50,25 @@ fn wrong_kind(kind: &str, what: &str) -> ConsumerError {
         .with_code("INVALID_REQUEST")
 }
 
+/// Applies a wake's acks (a webhook callback or a pull-wake ack, checked against
+/// the wake in flight): with `done` the wake ends, else its lease is extended.
+/// `Ok(next_wake)`: whether another wake follows at once.
+fn settle(
+    live: &mut manager::Live,
+    token: Option<&str>,
+    req: &WakeRequest,
+    now: u64,
+) -> Result<bool> {
+    live.state.check_fence(token, req)?;
+    live.state.apply_acks(&req.acks, &live.tails)?;
+    if req.done {
+        live.state.wake = None;
+    } else {
+        live.state.extend_lease(now);
+    }
+    Ok(req.done && live.state.pending(&live.tails))
+}
+
 impl Subscriptions {
     async fn existing(self: &Arc<Self>, path: &str) -> Result<Arc<Sub>> {
         self.get(path).await?.ok_or_else(not_found)
@@ -134,15 +153,8 @@ impl Subscriptions {
             if live.state.config.kind != config::Kind::Webhook {
                 return Err(wrong_kind("webhook", "callback"));
             }
-            live.state.check_fence(token, &req)?;
-            live.state.apply_acks(&req.acks, &live.tails)?;
+            let next = settle(live, token, &req, now)?;
             live.state.retry = None;
-            if req.done {
-                live.state.wake = None;
-            } else {
-                live.state.extend_lease(now);
-            }
-            let next = req.done && live.state.pending(&live.tails);
             Ok((next, true))
         })
         .await
@@ -193,15 +205,7 @@ impl Subscriptions {
             if live.state.config.kind != config::Kind::PullWake {
                 return Err(wrong_kind("pull-wake", "ack"));
             }
-            live.state.check_fence(token, &req)?;
-            live.state.apply_acks(&req.acks, &live.tails)?;
-            if req.done {
-                live.state.wake = None;
-            } else {
-                live.state.extend_lease(now);
-            }
-            let next = req.done && live.state.pending(&live.tails);
-            Ok((next, true))
+            Ok((settle(live, token, &req, now)?, true))
         })
         .await
     }
