@@ -147,7 +147,7 @@ pub async fn handle(
         (&Method::PUT, "") => {
             let b: CreateBody = parse(&body)?;
             // Decided on the name alone, before any lookup.
-            let stream = access.stream(Op::Subscribe, &stream_arg(&b.stream))?;
+            let stream = access.stream(Op::Subscribe, stream_arg(&b.stream))?;
             (stream, Some(b))
         }
         // A group on a stream the caller may not use is answered as a missing one:

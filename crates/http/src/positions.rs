@@ -49,7 +49,7 @@ pub async fn handle(
     // A position is the consumer's own place in a stream it may read: every
     // operation on it takes read on the stream.
     let access = Access::new(app.auth.as_ref(), principal.as_ref());
-    stream = access.stream(Op::Read, &stream)?;
+    stream = access.stream(Op::Read, stream)?;
     let shown = access.shown(&stream).unwrap_or(&stream).to_string();
     let body = crate::request::read_body(body, 64 << 10, app.body_read_timeout).await?;
     if let Some(r) = crate::cluster::answered_elsewhere(&app, &stream, &parts, &body).await? {

@@ -132,7 +132,7 @@ pub async fn handle(
         _ => Op::Delete,
     };
     let access = Access::new(app.auth.as_ref(), principal.as_ref());
-    name = access.stream(op, &name)?;
+    name = access.stream(op, name)?;
     let query = parts.uri.query().map(str::to_string);
     let action = if native {
         None

@@ -198,7 +198,7 @@ pub async fn mint_read_token(
     let req: ReadTokenBody = json_body(&app, body).await?;
     let path = format!("/{}", req.stream.trim_start_matches('/'));
     let name = crate::request::stream_name(&path, app.engine.config().stream_name_bytes_max)?;
-    let name = Access::new(app.auth.as_ref(), caller).stream(Op::Read, &name)?;
+    let name = Access::new(app.auth.as_ref(), caller).stream(Op::Read, name)?;
     let max = auth.config.read_token_ttl_max.as_secs().max(1);
     let ttl = req
         .expires_in_seconds

@@ -115,14 +115,16 @@ impl<'a> Access<'a> {
 
     /// A stream the request addresses (relative to the caller's namespace): its
     /// absolute name, if the caller may do `op` on it.
-    pub fn stream(&self, op: Op, addressed: &str) -> Result<String, ApiError> {
-        if is_reserved(addressed) {
+    /// Without a namespace the name is handed back as it came: no copy on the hot path.
+    pub fn stream(&self, op: Op, addressed: String) -> Result<String, ApiError> {
+        if is_reserved(&addressed) {
             return Err(reserved());
         }
-        let name = match self.principal {
-            // A read token is signed for the absolute name.
-            Some(Principal::ReadLink { .. }) => addressed.to_string(),
-            _ => self.absolute(addressed),
+        let namespace = self.namespace();
+        let name = if namespace.is_empty() {
+            addressed
+        } else {
+            format!("{namespace}{addressed}")
         };
         if is_reserved(&name) {
             return Err(reserved());

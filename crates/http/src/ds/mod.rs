@@ -74,9 +74,9 @@ pub async fn handle(
             }
             (name, Caller::Open)
         }
-        (None, _) => (access.stream(op, &name)?, Caller::Open),
+        (None, _) => (access.stream(op, name)?, Caller::Open),
         (Some(_), _) => {
-            let name = access.stream(op, &name)?;
+            let name = access.stream(op, name)?;
             let principal = principal.expect("authorized callers have a principal");
             (name, Caller::Authorized { principal })
         }

@@ -140,7 +140,7 @@ fn fork(
         Caller::Authorized { principal } => Some(*principal),
         Caller::Open => None,
     };
-    let source = Access::new(app.auth.as_ref(), principal).stream(Op::Read, &source)?;
+    let source = Access::new(app.auth.as_ref(), principal).stream(Op::Read, source)?;
     let offset = fork_offset
         .map(|o| {
             Offset::parse(o).map_err(|e| ApiError::bad_request(format!("Stream-Fork-Offset: {e}")))
