@@ -72,6 +72,11 @@ pub struct EngineStats {
 /// one member at a time, so compaction's commits and collection never overlap.
 const MAINTENANCE_JOB: &str = "maintenance";
 
+/// How long readiness waits for the warm-up after a restart (`Packer::warm`) at
+/// most; past it the warm-up goes on in the background and readers wait for the
+/// objects it is fetching.
+pub(crate) const WARM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 static RECOVERY_REPLAYED: Desc = Desc::gauge(
     "picomq_recovery_objects_replayed",
     "WAL objects replayed into the metadata at start.",
@@ -210,7 +215,7 @@ impl Engine {
             None => meta.watermark().await?,
         };
         let warm_from = warm_from.map(|w| {
-            let back = 2 * config.pack.l0_objects_max as u64;
+            let back = 8 * config.pack.l0_objects_max as u64;
             WarmFrom {
                 wal: crate::layout::wal_key(w.epoch, w.next_seq.saturating_sub(back)),
                 packs: crate::layout::segments_of(w.epoch),
@@ -251,6 +256,7 @@ impl Engine {
                 store: patient.clone(),
                 meta: meta.clone(),
                 on_applied: feed_packer(),
+                warm: std::sync::OnceLock::new(),
             })
         });
         let service = Service::new(Shared {
@@ -291,7 +297,10 @@ impl Engine {
             engine.join_cluster(cluster, takeover);
         }
         if let (Some(_), Some(from)) = (engine.service.inner.config.pack.interval, warm_from) {
-            engine.warm_up(from);
+            // Readiness waits for the warm-up, a little: the first reads after a
+            // restart then find the recent history in the cache.
+            let warmed = engine.warm_up(from);
+            let _ = tokio::time::timeout(WARM_WAIT, warmed).await;
         }
         Ok(engine)
     }
@@ -299,6 +308,20 @@ impl Engine {
     /// Starts the membership loop (see `cluster::membership`). Losing the lease for
     /// good (another member took this one's log over) fences the WAL.
     fn join_cluster(&self, cluster: Arc<crate::cluster::Cluster>, takeover: Arc<Takeover>) {
+        if self.service.inner.config.pack.interval.is_some() {
+            // Weak: the membership loop that holds the takeover lives in the node.
+            let (service, node) = (self.service.clone(), Arc::downgrade(&self.node));
+            let _ = takeover
+                .warm
+                .set(Box::new(move |from| match node.upgrade() {
+                    Some(node) => Engine {
+                        service: service.clone(),
+                        node,
+                    }
+                    .warm_up(from),
+                    None => tokio::sync::oneshot::channel().1,
+                }));
+        }
         let wal = self.service.inner.wal.clone();
         let on_fenced: Box<dyn Fn() + Send + Sync> = Box::new(move || wal.fence());
         let watch = crate::identity::Watch {
@@ -308,21 +331,27 @@ impl Engine {
         self.node.scheduler.keep(membership.run());
     }
 
-    /// Brings back, in the background, the recent history a restart left only in
-    /// the WAL (see `Packer::warm`).
-    fn warm_up(&self, from: WarmFrom) {
+    /// Brings back the recent history of the last incarnation (see
+    /// `Packer::warm`), in a task of its own; the answer comes once it is in the
+    /// cache (the packing that follows goes on after).
+    fn warm_up(&self, from: WarmFrom) -> tokio::sync::oneshot::Receiver<()> {
         let (packer, service) = (self.node.packer.clone(), self.service.clone());
+        let (warmed, answer) = tokio::sync::oneshot::channel();
         self.node.scheduler.keep(async move {
             let started = std::time::Instant::now();
-            match packer.warm(service.inner.cold.cache(), &from).await {
+            let result = packer.warm(&service.inner.cold, &from).await;
+            let _ = warmed.send(());
+            match result {
                 Ok(0) => {}
                 Ok(n) => {
+                    tracing::info!(objects = n, elapsed = ?started.elapsed(), "recent history read back into the cache");
                     packer.pass().await;
-                    tracing::info!(objects = n, elapsed = ?started.elapsed(), "recent history brought back from the WAL and packed");
+                    tracing::debug!(elapsed = ?started.elapsed(), "recent history packed");
                 }
                 Err(e) => tracing::warn!(error = %e, "warming up recent history failed; reads fetch it as they come"),
             }
         });
+        answer
     }
 
     /// Every periodic pass of the node, under its one scheduler.

@@ -92,18 +92,29 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
             _ => 0,
         };
         loop {
-            let key = layout::wal_key(e, seq);
-            if !seqs.contains(&seq) && seal(store, &key, epoch).await? {
+            // The listed objects from `seq` on without a gap, fetched several at
+            // once and applied in order, a batch at a time; then the first missing
+            // number is sealed (or, having appeared meanwhile, replayed).
+            let listed = seqs
+                .range(seq..)
+                .zip(seq..)
+                .take_while(|(s, n)| *s == n)
+                .count();
+            let to = if listed == 0 {
+                let key = layout::wal_key(e, seq);
+                if seal(store, &key, epoch).await? {
+                    break;
+                }
+                seq + 1
+            } else {
+                seq + listed as u64
+            };
+            let (applied, sealed) = replay(store, meta, e, seq..to).await?;
+            replayed += applied;
+            seq += applied;
+            if sealed {
                 break;
             }
-            // The object exists (listed, or it appeared while we tried to seal).
-            let bytes = store.get(&Path::from(key.as_str())).await?.bytes().await?;
-            if bytes.starts_with(SEAL_MAGIC) {
-                break;
-            }
-            meta.apply(&[decode(&key, &bytes)?]).await?;
-            replayed += 1;
-            seq += 1;
         }
     }
     meta.set_node_epoch(epoch).await?;
@@ -113,6 +124,52 @@ pub async fn recover(store: &dyn ObjectStore, meta: &Meta) -> Result<Recovered> 
         listed_bytes,
         restored_from,
     })
+}
+
+/// WAL objects recovery fetches at once, and applies to the metadata in one batch
+/// (at most, and at most about [`REPLAY_BATCH_BYTES`] of them).
+const REPLAY_AT_ONCE: usize = 16;
+const REPLAY_BATCH: usize = 64;
+const REPLAY_BATCH_BYTES: usize = 32 << 20;
+
+/// Replays the objects `seqs` of `epoch`'s log, in order; how many it applied, and
+/// whether it met a seal (the log ends there).
+async fn replay(
+    store: &dyn ObjectStore,
+    meta: &Meta,
+    epoch: u64,
+    seqs: std::ops::Range<u64>,
+) -> Result<(u64, bool)> {
+    use futures::StreamExt;
+    let fetched = futures::stream::iter(seqs)
+        .map(|seq| async move {
+            let key = layout::wal_key(epoch, seq);
+            let bytes = store.get(&Path::from(key.as_str())).await?.bytes().await?;
+            Ok::<_, EngineError>((key, bytes))
+        })
+        .buffered(REPLAY_AT_ONCE);
+    futures::pin_mut!(fetched);
+    let (mut applied, mut batch, mut batch_bytes) = (0, Vec::new(), 0);
+    let mut sealed = false;
+    while let Some(got) = fetched.next().await {
+        let (key, bytes) = got?;
+        if bytes.starts_with(SEAL_MAGIC) {
+            sealed = true;
+            break;
+        }
+        batch.push(decode(&key, &bytes)?);
+        batch_bytes += bytes.len();
+        if batch.len() == REPLAY_BATCH || batch_bytes >= REPLAY_BATCH_BYTES {
+            meta.apply(&batch).await?;
+            applied += batch.len() as u64;
+            (batch, batch_bytes) = (Vec::new(), 0);
+        }
+    }
+    if !batch.is_empty() {
+        meta.apply(&batch).await?;
+        applied += batch.len() as u64;
+    }
+    Ok((applied, sealed))
 }
 
 /// Writes the seal at `key`; `false` if the key already exists.

@@ -39,7 +39,7 @@ use crate::error::{EngineError, Result};
 use crate::meta::{IndexRow, Meta};
 use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
 use crate::offset::Offset;
-use crate::read::block_cache::BlockCache;
+use crate::read::cold::ColdReader;
 use crate::wal::format::{self, AppendOp, Op, SYSTEM_STREAM};
 use crate::wal::FlushedObject;
 
@@ -494,21 +494,16 @@ pub struct WarmFrom {
 }
 
 impl Packer {
-    /// After a restart, in the background (readiness does not wait for it): the
-    /// recent history of the last incarnation, what it had not packed yet (WAL
-    /// objects near the end of the log, at most about `2 x l0_objects_max`) and its
-    /// newest packs (up to [`WARM_PACKS_MAX`]), is read back, one ranged GET per
-    /// object, a few at a time, into the block cache (the first readers find it
-    /// there) and into the packer's buffer (WAL data is packed at once, and recent
-    /// L0 pieces are rewritten into L1 pieces as if the node had not stopped).
-    /// Returns the objects read.
-    pub async fn warm(&self, cache: &BlockCache, from: &WarmFrom) -> Result<usize> {
+    /// After a restart: the recent history of the last incarnation, its newest packs
+    /// (up to [`WARM_PACKS_MAX`]) and what it had not packed yet (WAL objects near
+    /// the end of the log), is read back, one ranged GET per object,
+    /// [`WARM_AT_ONCE`] at a time, into the block cache (the first readers find it
+    /// there, and wait for the objects still coming rather than fetch them again:
+    /// [`ColdReader::warming`]) and into the packer's buffer (WAL data is packed at
+    /// once, and recent L0 pieces are rewritten into L1 pieces as if the node had
+    /// not stopped). Returns the objects read.
+    pub async fn warm(&self, cold: &ColdReader, from: &WarmFrom) -> Result<usize> {
         use futures::{StreamExt, TryStreamExt};
-        const AT_ONCE: usize = 8;
-        let mut objects = group_by_object(
-            self.meta.rows_in_wal_from(&from.wal, WARM_ROWS_MAX).await?,
-            Level::Wal,
-        );
         let mut packs: Vec<String> = self
             .store
             .list(Some(&Path::from(from.packs.as_str())))
@@ -517,20 +512,22 @@ impl Packer {
             .await?;
         packs.sort_unstable();
         let newest = &packs[packs.len().saturating_sub(WARM_PACKS_MAX)..];
+        // Older data first: a reader catching up from the start meets it first.
+        let mut objects = Vec::new();
         if !newest.is_empty() {
             let rows = self.meta.rows_in_objects(newest).await?;
             objects.extend(group_by_object(rows, Level::L0));
         }
+        objects.extend(group_by_object(
+            self.meta.rows_in_wal_from(&from.wal, WARM_ROWS_MAX).await?,
+            Level::Wal,
+        ));
         let n = objects.len();
+        let mut tickets = cold.warming(objects.iter().map(|(key, _, _)| key.clone()));
         let budget = self.config.buffer_bytes_max / 2;
         let fetched = futures::stream::iter(objects)
             .map(|(key, rows, level)| async move {
-                let range = rows[0].chunk.byte_range.start
-                    ..rows
-                        .iter()
-                        .map(|r| r.chunk.byte_range.end)
-                        .max()
-                        .unwrap_or(0);
+                let range = span_of(&rows);
                 let path = Path::from(key.as_str());
                 let mut got = self.store.get_range(&path, range.clone()).await;
                 for _ in 1..WARM_TRIES {
@@ -541,7 +538,7 @@ impl Packer {
                 }
                 (key, rows, level, range.start, got)
             })
-            .buffered(AT_ONCE);
+            .buffered(WARM_AT_ONCE);
         futures::pin_mut!(fetched);
         let now = Instant::now();
         let mut warmed = 0;
@@ -552,10 +549,11 @@ impl Packer {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::debug!(key, error = %e, "warm-up skipped an object");
+                    tickets.done(&key);
                     continue;
                 }
             };
-            let mut recent = self.recent.lock().expect("packer lock");
+            let mut runs = Vec::with_capacity(rows.len());
             for row in rows {
                 let r = &row.chunk.byte_range;
                 let chunk = bytes.slice((r.start - base) as usize..(r.end - base) as usize);
@@ -564,9 +562,14 @@ impl Packer {
                 if let Some(mut run) = run_of(ops.iter(), now) {
                     run.level = level;
                     warmed += run.bytes;
-                    recent.add(row.stream_id, run);
+                    runs.push((row.stream_id, run));
                 }
-                cache.insert(&key, r.start, chunk);
+                cold.cache().insert(&key, r.start, chunk);
+            }
+            tickets.done(&key);
+            let mut recent = self.recent.lock().expect("packer lock");
+            for (stream_id, run) in runs {
+                recent.add(stream_id, run);
             }
             if level == Level::Wal {
                 recent.unpacked_objects = recent.unpacked_objects.saturating_add(1);
@@ -584,6 +587,14 @@ impl Packer {
     }
 }
 
+/// The bytes of one object that `rows` cover: rows come in stream order, not in the
+/// order of their bytes, so the first row need not start it.
+fn span_of(rows: &[IndexRow]) -> std::ops::Range<u64> {
+    let start = rows.iter().map(|r| r.chunk.byte_range.start).min();
+    let end = rows.iter().map(|r| r.chunk.byte_range.end).max();
+    start.unwrap_or(0)..end.unwrap_or(0)
+}
+
 /// Index rows grouped by object (rows come grouped), each group with its level.
 fn group_by_object(rows: Vec<IndexRow>, level: Level) -> Vec<(String, Vec<IndexRow>, Level)> {
     let mut objects: Vec<(String, Vec<IndexRow>, Level)> = Vec::new();
@@ -598,6 +609,10 @@ fn group_by_object(rows: Vec<IndexRow>, level: Level) -> Vec<(String, Vec<IndexR
 
 /// Attempts the warm-up makes at each object before it leaves it to the readers.
 const WARM_TRIES: usize = 3;
+
+/// Objects the warm-up fetches at once: at an object store's latency (tens of ms a
+/// request) a few hundred objects take a few rounds, well inside a second.
+const WARM_AT_ONCE: usize = 32;
 
 /// Packs the warm-up reads back, at most: about a minute's worth (`l1_delay`) of a
 /// busy node's L0 packs.

@@ -25,6 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::Cluster;
+use crate::background::packer::WarmFrom;
 use crate::error::Result;
 use crate::indexer::OnApplied;
 use crate::layout;
@@ -35,7 +36,9 @@ use crate::wal::format::SEAL_MAGIC;
 /// Objects indexed per metadata transaction during a takeover.
 const APPLY_BATCH: usize = 64;
 /// WAL objects fetched at once while the log is replayed.
-const FETCH_AHEAD: usize = 8;
+const FETCH_AHEAD: usize = 16;
+/// A log's objects not packed yet, about (the packer's `l0_objects_max` default).
+const WARM_BACK_OBJECTS: u64 = 256;
 
 pub(crate) struct Takeover {
     pub(crate) cluster: Arc<Cluster>,
@@ -43,7 +46,13 @@ pub(crate) struct Takeover {
     pub(crate) meta: Meta,
     /// Told about the objects indexed (the packer packs them like its own).
     pub(crate) on_applied: OnApplied,
+    /// Reads a log's recent history back into this node's cache and packer (set
+    /// once the node runs; see `Packer::warm`). The answer comes once it is cached.
+    pub(crate) warm: std::sync::OnceLock<Warm>,
 }
+
+/// Starts a warm-up from `WarmFrom`; the receiver answers once it is in the cache.
+pub(crate) type Warm = Box<dyn Fn(WarmFrom) -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
 
 impl Takeover {
     /// Takes `dead` over if it is still up for it; the objects indexed, or `None`
@@ -93,6 +102,18 @@ impl Takeover {
             seq += 1;
         }
         indexed += self.apply(&mut batch).await?;
+        // The member's recent history (its newest packs, what it had not packed)
+        // into this node's cache before its slots are freed, for a little while at
+        // most: the first reads of its streams through this node find it there, and
+        // its WAL data is packed at once.
+        if let Some(warm) = self.warm.get() {
+            let back = 8 * WARM_BACK_OBJECTS;
+            let warmed = warm(WarmFrom {
+                wal: layout::wal_key(dead, applied.saturating_sub(back)),
+                packs: layout::segments_of(dead),
+            });
+            let _ = tokio::time::timeout(crate::node::WARM_WAIT, warmed).await;
+        }
         c.coord.finish_takeover(c.epoch, dead).await?;
         c.stats.takeovers.inc();
         c.stats.takeover_objects.add(indexed);

@@ -14,6 +14,10 @@
 //! - After a read, the windows that follow are fetched ahead (sequential readahead),
 //!   so a catch-up reader's next request finds them in the cache.
 //!
+//! - After a restart the warm-up (`Packer::warm`) announces the objects it is about
+//!   to fetch ([`ColdReader::warming`]); a reader that misses the cache on one of
+//!   them waits for the warm-up's GET instead of sending its own.
+//!
 //! Compaction may move a row and GC delete its old object between the index lookup
 //! and the GET: then the index is read again, once.
 
@@ -81,6 +85,37 @@ struct Inner {
     stats: ColdStats,
     /// Windows being fetched, by (object, first byte).
     inflight: Mutex<HashMap<(String, u64), Fetch>>,
+    /// Objects the warm-up is fetching or about to: done when it has (or gave up).
+    warming: Mutex<HashMap<String, Warming>>,
+}
+
+/// The end of the warm-up's fetch of one object, shared by the readers waiting for it.
+type Warming = Shared<BoxFuture<'static, ()>>;
+
+/// The warm-up's promises ([`ColdReader::warming`]): each object is released when
+/// the warm-up is done with it, and every one left when this is dropped.
+pub struct WarmTickets {
+    inner: Arc<Inner>,
+    senders: HashMap<String, futures::channel::oneshot::Sender<()>>,
+}
+
+impl WarmTickets {
+    /// The warm-up is done with `key` (its chunks are in the cache, or it gave up):
+    /// its readers look again.
+    pub fn done(&mut self, key: &str) {
+        if self.senders.remove(key).is_some() {
+            self.inner.warming.lock().expect("warming lock").remove(key);
+        }
+    }
+}
+
+impl Drop for WarmTickets {
+    fn drop(&mut self) {
+        let mut warming = self.inner.warming.lock().expect("warming lock");
+        for key in self.senders.keys() {
+            warming.remove(key);
+        }
+    }
 }
 
 pub struct ColdReader {
@@ -110,8 +145,35 @@ impl ColdReader {
                 readahead_bytes: readahead_bytes as u64,
                 stats: ColdStats::default(),
                 inflight: Mutex::default(),
+                warming: Mutex::default(),
             }),
         }
+    }
+
+    /// Announces that the warm-up is about to fetch `keys` (whole objects' worth of
+    /// rows): until it says it is done with one, readers missing the cache on that
+    /// object wait for it rather than fetching it themselves.
+    pub fn warming(&self, keys: impl IntoIterator<Item = String>) -> WarmTickets {
+        let mut senders = HashMap::new();
+        let mut warming = self.inner.warming.lock().expect("warming lock");
+        for key in keys {
+            let (tx, rx) = futures::channel::oneshot::channel::<()>();
+            warming.insert(key.clone(), rx.map(|_| ()).boxed().shared());
+            senders.insert(key, tx);
+        }
+        WarmTickets {
+            inner: self.inner.clone(),
+            senders,
+        }
+    }
+
+    fn warming_of(&self, key: &str) -> Option<Warming> {
+        self.inner
+            .warming
+            .lock()
+            .expect("warming lock")
+            .get(key)
+            .cloned()
     }
 
     pub fn cache(&self) -> &BlockCache {
@@ -199,6 +261,14 @@ impl ColdReader {
         if let Some(bytes) = self.inner.cache.get(&row.object_key, row.byte_range.start) {
             return Ok(bytes);
         }
+        if let Some(warming) = self.warming_of(&row.object_key) {
+            if tokio::time::timeout_at(deadline, warming).await.is_err() {
+                return Err(Miss::Late);
+            }
+            if let Some(bytes) = self.inner.cache.get(&row.object_key, row.byte_range.start) {
+                return Ok(bytes);
+            }
+        }
         // Without a cache, windows beyond the one asked for would be thrown away.
         let most = if self.inner.cache.enabled() {
             WINDOWS_IN_FLIGHT
@@ -232,7 +302,8 @@ impl ColdReader {
             let cached = self
                 .inner
                 .cache
-                .contains(&rows[j].object_key, rows[j].byte_range.start);
+                .contains(&rows[j].object_key, rows[j].byte_range.start)
+                || self.warming_of(&rows[j].object_key).is_some();
             if !cached {
                 let fetch = self.fetch(&rows[j..end]);
                 if j == 0 {
