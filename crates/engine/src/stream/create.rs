@@ -35,10 +35,14 @@ impl Service {
             Some(s) => Some(units::parse_rfc3339_ms(s).ok_or(Invalid::ExpiryNotRfc3339)?),
             None => None,
         };
-        // Forks take the lifecycle lock so a concurrent delete of the source sees them.
-        let guard = match req.fork {
-            Some(_) => Some(self.inner.lifecycle.lock().await),
-            None => None,
+        // A fork of a source this node serves takes the lifecycle lock, so that a
+        // concurrent delete of the source sees it. A source served by another node
+        // is pinned there instead (`fork_from`), and no lock of this node is held
+        // across that call: two nodes forking each other's streams at once would
+        // otherwise each hold its own lock while waiting for the other's.
+        let guard = match &req.fork {
+            Some(f) if self.serves(&f.source) => Some(self.inner.lifecycle.lock().await),
+            _ => None,
         };
         for _ in 0..STATE_RETRIES {
             // Taken before the name is resolved: a new stream's handle is of the
@@ -66,7 +70,10 @@ impl Service {
                     }
                 }
             }
-            match self.create_new(&req, expires_at_ms, term).await? {
+            match self
+                .create_new(&req, expires_at_ms, term, guard.is_some())
+                .await?
+            {
                 Some(info) => return Ok((true, info)),
                 None => continue, // lost a race for the name; look again
             }
@@ -149,6 +156,7 @@ impl Service {
         req: &CreateRequest,
         expires_at_ms: Option<u64>,
         term: u64,
+        lifecycle_held: bool,
     ) -> Result<Option<StreamInfo>> {
         let mut shape = Shape {
             content_type: req
@@ -162,7 +170,7 @@ impl Service {
             pin: None,
         };
         if let Some(f) = &req.fork {
-            self.fork_from(req, f, &mut shape).await?;
+            self.fork_from(req, f, &mut shape, lifecycle_held).await?;
         }
         let json = domain::is_json(&shape.content_type);
         let records = if req.body.is_empty() {
@@ -231,10 +239,17 @@ impl Service {
         req: &CreateRequest,
         f: &ForkRequest,
         shape: &mut Shape,
+        lifecycle_held: bool,
     ) -> Result<()> {
         let content_type = req.content_type.as_ref().map(|c| c.as_str());
         let resolved = if self.serves(&f.source) {
-            // Fork creation holds the lifecycle lock (see `create`).
+            // The source's slot came here after `create` looked (a hand-over):
+            // without the lifecycle lock a delete of it could miss this fork.
+            if !lifecycle_held {
+                return Err(EngineError::Unavailable(
+                    "the fork source moved to this node meanwhile; try again".into(),
+                ));
+            }
             let source = match self.lookup_in(&f.source, true).await? {
                 Some(s) => s,
                 None => return Err(EngineError::ForkSourceNotFound),

@@ -25,6 +25,11 @@ pub struct Tails {
     pub streams: Vec<String>,
 }
 
+/// How long a call to another member may take: a member that is paused or cut off
+/// answers 503 here within this, rather than holding the caller's request (and what
+/// it waits on) for as long as the connection lasts.
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// At most this many streams per tails call.
 pub const TAILS_MAX: usize = 1_000;
 
@@ -79,14 +84,19 @@ impl PeerClient {
             (CLUSTER_KEY, self.key.as_str()),
             ("content-type", "application/json"),
         ];
-        let resp = client
-            .send(
-                picomq_client::HttpMethod::POST,
-                path,
-                &headers,
-                Bytes::from(body),
-            )
+        let sent = client.send(
+            picomq_client::HttpMethod::POST,
+            path,
+            &headers,
+            Bytes::from(body),
+        );
+        let resp = tokio::time::timeout(CALL_TIMEOUT, sent)
             .await
+            .map_err(|_| {
+                EngineError::Unavailable(format!(
+                    "cluster member {base}: no answer within {CALL_TIMEOUT:?}"
+                ))
+            })?
             .map_err(|e| EngineError::Unavailable(format!("cluster member {base}: {e}")))?;
         if resp.status.is_success() {
             return Ok(resp.body);

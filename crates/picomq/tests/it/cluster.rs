@@ -299,6 +299,69 @@ async fn forks_and_deletes_across_nodes() {
     cluster.shut_down().await;
 }
 
+/// Forks created at once in both directions between two nodes (sources on each,
+/// forks owned by the other) all complete: a node pins a fork point on the other
+/// without holding its own lifecycle lock, so two nodes forking each other's streams
+/// never wait on each other. Before, each held its lock while calling the other,
+/// which waited for that same lock: both stuck, and with them every fork and delete
+/// on either node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forks_in_both_directions_at_once_never_wait_on_each_other() {
+    let cluster = TestCluster::start("forks-cross", 2, LEASE).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    let c = cluster.node(0).client.clone();
+    // Sources by owner; each source gets forks under many names, about half of
+    // them owned by the other node.
+    let mut sources: HashMap<String, Vec<String>> = HashMap::new();
+    for i in 0..16 {
+        let path = format!("/cross/s{i}");
+        let r = put_until_not_503(&c, &path, &[("content-type", "text/plain")], "abc").await;
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        sources.entry(served_by(&r)).or_default().push(path);
+    }
+    assert_eq!(sources.len(), 2, "sources on both nodes: {sources:?}");
+    let nodes: Vec<String> = sources.keys().cloned().collect();
+    let mut tasks = Vec::new();
+    for round in 0..8 {
+        for (k, node) in nodes.iter().enumerate() {
+            for (j, source) in sources[node].iter().take(4).enumerate() {
+                let c = cluster.node(k % 2).client.clone();
+                let (source, fork) = (source.clone(), format!("/cross/f{round}-{k}-{j}"));
+                tasks.push(tokio::spawn(async move {
+                    let headers = [
+                        ("content-type", "text/plain"),
+                        ("stream-forked-from", source.as_str()),
+                    ];
+                    let r = put_until_not_503(&c, &fork, &headers, "").await;
+                    (fork, source, r.status.as_u16(), served_by(&r), r.text())
+                }));
+            }
+        }
+    }
+    let mut crossed = 0;
+    let all = futures::future::join_all(tasks);
+    let done = tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("fork creations stuck: nodes waiting on each other");
+    for t in done {
+        let (fork, source, status, owner, text) = t.unwrap();
+        assert_eq!(status, 201, "{fork} from {source}: {text}");
+        let source_owner = nodes
+            .iter()
+            .find(|n| sources[*n].contains(&source))
+            .unwrap();
+        if &owner != source_owner {
+            crossed += 1;
+        }
+        assert_eq!(support::read_all(&c, &fork).await, b"abc", "{fork}");
+    }
+    assert!(
+        crossed > 0,
+        "some forks were owned by the other node than their source"
+    );
+    cluster.shut_down().await;
+}
+
 /// One writer's stream and what it was told.
 struct Writer {
     path: String,
