@@ -164,8 +164,12 @@ def row(run_path):
         if rd["bytes"]:
             gets_per_mib_read = (m4["get"] - m3["get"]) / (rd["bytes"] / MIB)
         # Counters restart at zero with the process, so the interval from the end
-        # of writing to the read is (before_stop - end_of_write) + after_start.
-        span = {k: m2[k] - m1[k] + m3[k] for k in m1}
+        # of writing to the read is (before_stop - end_of_write) + after_start;
+        # a cluster's taker runs on (after_start - end_of_write).
+        if run.get("counters_restart", True):
+            span = {k: m2[k] - m1[k] + m3[k] for k in m1}
+        else:
+            span = {k: m3[k] - m1[k] for k in m1}
         bg_put = (span["put"] - span["wal"]) / (written / MIB)
         bg_get = span["get"] / (written / MIB)
     if rd["verified"]:
