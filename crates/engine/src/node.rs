@@ -202,11 +202,18 @@ impl Engine {
             scheduler.maintenance(),
             system.clone(),
         ));
+        let cold = ColdReader::new(
+            store.clone(),
+            meta.clone(),
+            config.block_cache_bytes,
+            config.readahead_bytes,
+        );
         let packer = Arc::new(Packer::new(
             compactor.clone(),
             store.clone(),
             meta.clone(),
             config.pack.clone(),
+            cold.cache().enabled().then(|| cold.shared_cache()),
         ));
         // Where the last incarnation's recent history is (see `Packer::warm`): WAL
         // objects from a little before what it wrote last, and its packs.
@@ -241,12 +248,6 @@ impl Engine {
             meta.watermark().await?,
         ));
         let collector = Arc::new(Collector::new(store.clone(), meta.clone(), wal_stats));
-        let cold = ColdReader::new(
-            store.clone(),
-            meta.clone(),
-            config.block_cache_bytes,
-            config.readahead_bytes,
-        );
         let epoch = recovered.epoch;
         let cluster = coordinator
             .map(|(config, coord)| Arc::new(crate::cluster::Cluster::new(config, coord, epoch)));

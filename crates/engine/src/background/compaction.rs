@@ -42,6 +42,7 @@ use crate::layout;
 use crate::meta::{IndexRow, Meta};
 use crate::metrics::{Counter, Desc, Exposition, Source};
 use crate::offset::Offset;
+use crate::read::block_cache::BlockCache;
 use crate::wal::format::{self, AppendOp, Op, RelocateOp};
 use crate::wal::system::SystemLog;
 
@@ -390,16 +391,18 @@ impl Compactor {
 
     /// Writes one compacted object; returns the relocations that point at it.
     async fn write(&self, pieces: Vec<Piece>, report: &mut PassReport) -> Result<Vec<Op>> {
-        self.write_object(pieces, report, true).await
+        self.write_object(pieces, report, true, None).await
     }
 
     /// [`Compactor::write`], paced by compaction's budget or not (`paced`): the
     /// packer writes from memory what the WAL just wrote, at the WAL's own pace.
+    /// With a `cache`, each chunk written goes into it under its new place.
     pub(crate) async fn write_object(
         &self,
         pieces: Vec<Piece>,
         report: &mut PassReport,
         paced: bool,
+        cache: Option<&BlockCache>,
     ) -> Result<Vec<Op>> {
         let at = self.meta.watermark().await?.unwrap_or_default();
         let (epoch, seq) = if at.epoch == self.epoch {
@@ -442,8 +445,20 @@ impl Compactor {
             ..Default::default()
         };
         self.store
-            .put_opts(&Path::from(key.as_str()), PutPayload::from(bytes), opts)
+            .put_opts(
+                &Path::from(key.as_str()),
+                PutPayload::from(bytes.clone()),
+                opts,
+            )
             .await?;
+        if let Some(cache) = cache {
+            for op in &relocations {
+                if let Op::Relocate(r) = op {
+                    let range = r.byte_range.start as usize..r.byte_range.end as usize;
+                    cache.insert(&key, r.byte_range.start, bytes.slice(range));
+                }
+            }
+        }
         report.objects_written += 1;
         report.bytes_written += len;
         report.chunks_written += relocations.len() as u64;

@@ -39,6 +39,7 @@ use crate::error::{EngineError, Result};
 use crate::meta::{IndexRow, Meta};
 use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
 use crate::offset::Offset;
+use crate::read::block_cache::BlockCache;
 use crate::read::cold::ColdReader;
 use crate::wal::format::{self, AppendOp, Op, SYSTEM_STREAM};
 use crate::wal::FlushedObject;
@@ -277,6 +278,10 @@ pub struct Packer {
     store: Arc<dyn ObjectStore>,
     meta: Meta,
     config: PackConfig,
+    /// Where what a pack holds goes as it is written (the cold reads' block cache):
+    /// a relocation moves rows to the pack, and readers of them, after a restart's
+    /// warm-up above all, find them there rather than cold.
+    cache: Option<Arc<BlockCache>>,
     recent: Mutex<Recent>,
     /// One pass at a time (the scheduled one and the warm-up's).
     passing: tokio::sync::Mutex<()>,
@@ -305,12 +310,14 @@ impl Packer {
         store: Arc<dyn ObjectStore>,
         meta: Meta,
         config: PackConfig,
+        cache: Option<Arc<BlockCache>>,
     ) -> Packer {
         Packer {
             compactor,
             store,
             meta,
             config,
+            cache,
             recent: Mutex::default(),
             passing: tokio::sync::Mutex::new(()),
             stats: PackStats::default(),
@@ -386,7 +393,7 @@ impl Packer {
         for object in split(pieces, max) {
             relocations.extend(
                 self.compactor
-                    .write_object(object, &mut report, false)
+                    .write_object(object, &mut report, false, self.cache.as_deref())
                     .await?,
             );
         }

@@ -80,7 +80,7 @@ type Fetch = Shared<BoxFuture<'static, std::result::Result<Window, Arc<object_st
 
 struct Inner {
     store: Arc<dyn ObjectStore>,
-    cache: BlockCache,
+    cache: Arc<BlockCache>,
     readahead_bytes: u64,
     stats: ColdStats,
     /// Windows being fetched, by (object, first byte).
@@ -141,7 +141,7 @@ impl ColdReader {
             meta,
             inner: Arc::new(Inner {
                 store,
-                cache: BlockCache::new(cache_bytes),
+                cache: Arc::new(BlockCache::new(cache_bytes)),
                 readahead_bytes: readahead_bytes as u64,
                 stats: ColdStats::default(),
                 inflight: Mutex::default(),
@@ -178,6 +178,11 @@ impl ColdReader {
 
     pub fn cache(&self) -> &BlockCache {
         &self.inner.cache
+    }
+
+    /// The block cache, for writers that put what they write into it (the packer).
+    pub fn shared_cache(&self) -> Arc<BlockCache> {
+        self.inner.cache.clone()
     }
 
     pub fn stats(&self) -> &ColdStats {
@@ -491,4 +496,85 @@ fn trimmed_under(stream: &Cold<'_>, pos: Offset) -> Result<()> {
         return Err(EngineError::Trimmed { start });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use object_store::memory::InMemory;
+    use object_store::PutPayload;
+
+    use super::*;
+    use crate::store::fault::FaultyStore;
+
+    /// A reader over an in-memory object `obj` (bytes 0..100), with its store's
+    /// request counter.
+    async fn reader() -> (Arc<ColdReader>, Arc<crate::store::fault::FaultControl>) {
+        let memory = Arc::new(InMemory::new());
+        let bytes: Vec<u8> = (0..100).collect();
+        memory
+            .put(&Path::from("obj"), PutPayload::from(bytes))
+            .await
+            .unwrap();
+        let (store, control) = FaultyStore::new(memory);
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        (
+            Arc::new(ColdReader::new(store, meta, 1 << 20, 1 << 20)),
+            control,
+        )
+    }
+
+    fn row() -> ChunkRow {
+        ChunkRow {
+            start: Offset(0),
+            end: Offset(10),
+            object_key: "obj".into(),
+            byte_range: 10..20,
+            start_seq: 0,
+            last_ts_ms: 0,
+        }
+    }
+
+    fn read(cold: &Arc<ColdReader>) -> tokio::task::JoinHandle<Option<Bytes>> {
+        let cold = cold.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            cold.chunk_bytes(&[row()], 0, deadline).await.ok()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_reader_waits_for_the_warm_up_instead_of_fetching_the_object_again() {
+        let (cold, control) = reader().await;
+        let mut tickets = cold.warming(["obj".to_string()]);
+        let waiting = read(&cold);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the reader waits for the warm-up");
+        // The warm-up's GET lands in the cache.
+        let got = cold.inner.store.get(&Path::from("obj")).await.unwrap();
+        let bytes = got.bytes().await.unwrap();
+        cold.cache().insert("obj", 10, bytes.slice(10..20));
+        tickets.done("obj");
+        let read = waiting.await.unwrap().expect("the chunk");
+        assert_eq!(&read[..], &(10u8..20).collect::<Vec<_>>()[..]);
+        assert_eq!(
+            control.requests.load(Ordering::Relaxed),
+            1,
+            "only the warm-up's GET"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reader_fetches_for_itself_what_the_warm_up_gave_up_on() {
+        let (cold, control) = reader().await;
+        let tickets = cold.warming(["obj".to_string()]);
+        let waiting = read(&cold);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        drop(tickets);
+        let read = waiting.await.unwrap().expect("the chunk");
+        assert_eq!(&read[..], &(10u8..20).collect::<Vec<_>>()[..]);
+        assert_eq!(control.requests.load(Ordering::Relaxed), 1, "its own GET");
+    }
 }
