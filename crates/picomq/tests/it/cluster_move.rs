@@ -1,0 +1,413 @@
+//! A single node's streams moved into a cluster with `picomq store move-to-postgres`:
+//! after a clean stop and after `kill -9` (acknowledged appends not yet in its
+//! SQLite), two cluster nodes on the database and the single node's prefix serve
+//! every record as it was written, appends go on at the right offsets, an
+//! idempotent producer's retry is still a duplicate, and the single node itself is
+//! refused from then on. The command refuses, writing nothing to the database or the
+//! prefix, while the single node runs, onto a database a cluster uses, and for a
+//! prefix the node's metadata does not belong to; bad input fails with a clear
+//! message. Real processes throughout, on the S3 test server and Postgres
+//! (`PICOMQ_TEST_PG_URL`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use picomq_engine::store::{ObjectPath, ObjectStoreExt};
+use picomq_testkit as support;
+use support::cli::{Cli, Run};
+use support::cluster::TestCluster;
+use support::postgres::Database;
+use support::{fresh_s3_url, read_all, start_refused, Client, Server, TempDir};
+
+const LEASE: &[&str] = &["--lease", "2s"];
+const JSON: (&str, &str) = ("content-type", "application/json");
+const BYTES: (&str, &str) = ("content-type", "application/octet-stream");
+const TEXT: (&str, &str) = ("content-type", "text/plain");
+/// Every stream the single node writes.
+const STREAMS: &[&str] = &[
+    "/m/json",
+    "/m/bytes",
+    "/m/producer",
+    "/m/closed",
+    "/m/ttl",
+    "/m/fork",
+];
+
+/// Every key under a store URL's prefix.
+async fn keys(store_url: &str) -> Vec<String> {
+    let store = picomq_engine::store::open(store_url).expect("open the test store");
+    let mut keys: Vec<String> = store
+        .list(None)
+        .map_ok(|o| o.location.to_string())
+        .try_collect()
+        .await
+        .expect("list the test store");
+    keys.sort();
+    keys
+}
+
+/// The prefix's `identity.json`.
+async fn identity(store_url: &str) -> serde_json::Value {
+    let store = picomq_engine::store::open(store_url).expect("open the test store");
+    let got = store
+        .get(&ObjectPath::from("identity.json"))
+        .await
+        .expect("identity.json");
+    serde_json::from_slice(&got.bytes().await.expect("read identity.json")).expect("JSON")
+}
+
+async fn run_move(dir: &Path, store: &str, meta: &str, yes: bool) -> Run {
+    let dir = dir.display().to_string();
+    let mut args = vec![
+        "store",
+        "move-to-postgres",
+        "--data-dir",
+        &dir,
+        "--store",
+        store,
+        "--meta",
+        meta,
+    ];
+    if yes {
+        args.push("--yes");
+    }
+    Cli::new("http://127.0.0.1:1").run(&args).await
+}
+
+/// A refusal: exit 1, `why` in the message, no panic.
+fn assert_refused(r: &Run, why: &str) {
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains(why), "{why:?} not in {r:?}");
+    assert!(!r.stderr.contains("panicked"), "{r:?}");
+}
+
+/// A database nothing was written to: no binding, no streams, no members.
+async fn assert_untouched(db: &Database) {
+    assert_eq!(db.scalar("SELECT cluster_id FROM identity").await, None);
+    for table in ["streams", "members", "tokens"] {
+        let n = db
+            .scalar(&format!("SELECT count(*)::text FROM {table}"))
+            .await;
+        assert!(matches!(n.as_deref(), None | Some("0")), "{table}: {n:?}");
+    }
+}
+
+/// The status of a request's answer.
+macro_rules! status {
+    ($request:expr) => {
+        $request.await.expect("request").status.as_u16()
+    };
+}
+
+fn producer(epoch: &'static str, seq: &'static str) -> [(&'static str, &'static str); 4] {
+    [
+        TEXT,
+        ("producer-id", "mover"),
+        ("producer-epoch", epoch),
+        ("producer-seq", seq),
+    ]
+}
+
+/// JSON and byte streams, an idempotent producer, a closed stream, one with a TTL
+/// and a fork (with appends to its source after the fork point).
+async fn write_history(c: &Client) {
+    assert_eq!(status!(c.put("/m/json", &[JSON], r#"[{"n":0}]"#)), 201);
+    for i in 1..=5 {
+        let body = format!(r#"[{{"n":{i}}},{{"text":"x{i}"}}]"#);
+        assert_eq!(status!(c.post("/m/json", &[JSON], body)), 204);
+    }
+    assert_eq!(
+        status!(c.put("/m/bytes", &[BYTES], vec![0u8, 1, 2, 255])),
+        201
+    );
+    for i in 0..20u32 {
+        let body: Vec<u8> = (0..=i).map(|b| (b * 37 + i) as u8).collect();
+        assert_eq!(status!(c.post("/m/bytes", &[BYTES], body)), 204);
+    }
+    assert_eq!(status!(c.put("/m/producer", &[TEXT], "")), 201);
+    for (seq, body) in [("0", "p0;"), ("1", "p1;"), ("2", "p2;")] {
+        let headers = producer("1", seq);
+        assert_eq!(status!(c.post("/m/producer", &headers, body)), 200);
+    }
+    let closed = [TEXT, ("stream-closed", "true")];
+    assert_eq!(status!(c.put("/m/closed", &closed, "done")), 201);
+    let ttl = [TEXT, ("stream-ttl", "3600")];
+    assert_eq!(status!(c.put("/m/ttl", &ttl, "lives an hour")), 201);
+    let head = c.head("/m/bytes").await.expect("head");
+    let at = head
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_string();
+    let fork = [
+        ("stream-forked-from", "/m/bytes"),
+        ("stream-fork-offset", at.as_str()),
+    ];
+    assert_eq!(status!(c.put("/m/fork", &fork, "")), 201);
+    assert_eq!(status!(c.post("/m/bytes", &[BYTES], "after the fork")), 204);
+    assert_eq!(status!(c.post("/m/fork", &[BYTES], "the fork's own")), 204);
+}
+
+/// Each stream's bytes and next offset as `c` serves them.
+async fn snapshot(c: &Client) -> Vec<(Vec<u8>, String)> {
+    let mut out = Vec::new();
+    for path in STREAMS {
+        let head = c.head(path).await.expect("head");
+        assert_eq!(head.status.as_u16(), 200, "HEAD {path}");
+        let next = head
+            .header("stream-next-offset")
+            .expect("offset")
+            .to_string();
+        out.push((read_all(c, path).await, next));
+    }
+    out
+}
+
+/// Waits until `c` serves every stream (slots settle after the nodes join).
+async fn wait_served(c: &Client) {
+    support::eventually(Duration::from_secs(30), || async {
+        for path in STREAMS {
+            let r = c.head(path).await.ok()?;
+            if r.status.as_u16() != 200 {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+}
+
+/// What the cluster must show after the move: everything as it was, then the
+/// streams going on where they ended.
+async fn check_moved(cluster: &TestCluster, before: &[(Vec<u8>, String)]) {
+    for i in 0..2 {
+        let c = &cluster.node(i).client;
+        wait_served(c).await;
+        assert_eq!(snapshot(c).await, before, "as node {i} serves them");
+    }
+    let (a, b) = (&cluster.node(0).client, &cluster.node(1).client);
+    let ttl = a.head("/m/ttl").await.expect("head");
+    assert_eq!(ttl.header("stream-ttl"), Some("3600"));
+    let closed = b.head("/m/closed").await.expect("head");
+    assert_eq!(closed.header("stream-closed"), Some("true"));
+    assert_eq!(status!(a.post("/m/closed", &[TEXT], "more")), 409);
+    // The producer's retry is a duplicate; its next sequence is appended; an older
+    // epoch is fenced.
+    let (retry, next, stale) = (producer("1", "2"), producer("1", "3"), producer("0", "0"));
+    assert_eq!(status!(b.post("/m/producer", &retry, "p2;")), 204);
+    assert_eq!(status!(a.post("/m/producer", &next, "p3;")), 200);
+    assert_eq!(status!(b.post("/m/producer", &stale, "z")), 403);
+    assert_eq!(read_all(a, "/m/producer").await, b"p0;p1;p2;p3;");
+    // Appends go on at the offsets where the single node stopped.
+    let bytes_tail = &before[1].1;
+    assert_eq!(status!(b.post("/m/bytes", &[BYTES], "cluster")), 204);
+    let r = a
+        .get(&format!("/m/bytes?offset={bytes_tail}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status.as_u16(), 200);
+    assert_eq!(&r.body[..], b"cluster");
+    let json_tail = &before[0].1;
+    assert_eq!(status!(a.post("/m/json", &[JSON], r#"{"n":99}"#)), 204);
+    let r = b.get(&format!("/m/json?offset={json_tail}")).await.unwrap();
+    assert_eq!(r.text(), r#"[{"n":99}]"#);
+    let mut fork = before[5].0.clone();
+    fork.extend_from_slice(b" and on");
+    assert_eq!(status!(b.post("/m/fork", &[BYTES], " and on")), 204);
+    assert_eq!(read_all(a, "/m/fork").await, fork);
+    // New streams get ids of their own: the moved ones are unchanged by them.
+    for i in 0..4 {
+        let path = format!("/m/new-{i}");
+        let c = if i % 2 == 0 { a } else { b };
+        assert_eq!(status!(c.put(&path, &[TEXT], format!("new {i}"))), 201);
+    }
+    for i in 0..4 {
+        assert_eq!(
+            read_all(a, &format!("/m/new-{i}")).await,
+            format!("new {i}").into_bytes()
+        );
+    }
+    let mut json = before[0].0.clone();
+    json.truncate(json.len() - 1);
+    json.extend_from_slice(br#",{"n":99}]"#);
+    assert_eq!(read_all(b, "/m/json").await, json);
+    // The single node's logs are finished members of the cluster.
+    let v = cluster.nodes_seen_by(0).await;
+    let moved = v["nodes"].as_array().unwrap().iter();
+    let moved: Vec<_> = moved
+        .filter(|n| n["nodeId"] == "single-node (moved)")
+        .collect();
+    assert!(!moved.is_empty(), "{v}");
+    assert!(moved.iter().all(|n| n["state"] == "left"), "{v}");
+}
+
+/// The number in "N WAL objects past its index" of a move's output.
+fn unindexed(r: &Run) -> u64 {
+    let (before, _) = r
+        .stdout
+        .split_once(" WAL objects past its index")
+        .unwrap_or_else(|| panic!("no count of unindexed objects: {r:?}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of unindexed objects: {r:?}"))
+}
+
+async fn moves_into_a_cluster(tag: &str, kill: bool) {
+    let prefix = fresh_s3_url(tag);
+    let dir = TempDir::new(tag);
+    let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
+    write_history(&single.client).await;
+    let mut before = snapshot(&single.client).await;
+    if kill {
+        // Appends acknowledged just before a kill: the indexer (200 ms behind) has
+        // not written them to the SQLite, only the bucket holds them.
+        let mut extra = Vec::new();
+        for i in 0..10u8 {
+            let body = vec![i; 3];
+            extra.extend_from_slice(&body);
+            let r = single
+                .client
+                .post("/m/bytes", &[BYTES], body)
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), 204);
+            before[1].1 = r.header("stream-next-offset").expect("offset").to_string();
+        }
+        single.kill9();
+        before[1].0.extend_from_slice(&extra);
+    } else {
+        assert!(single.terminate(Duration::from_secs(30)).success());
+    }
+    let db = Database::create(tag).await;
+    let dry = run_move(dir.path(), &prefix, &db.url, false).await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert!(dry.stdout.contains("--yes"), "{dry:?}");
+    if kill {
+        assert!(unindexed(&dry) > 0, "{dry:?}");
+    } else {
+        assert_eq!(unindexed(&dry), 0, "{dry:?}");
+    }
+    assert_untouched(&db).await;
+    assert_eq!(identity(&prefix).await["metaKind"], "sqlite");
+    let done = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_eq!(done.code, 0, "{done:?}");
+    assert!(done.stdout.contains("bound: cluster"), "{done:?}");
+    let id = identity(&prefix).await;
+    assert_eq!(id["metaKind"], "postgres", "{id}");
+    // Run again: done already, nothing changes.
+    let again = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_eq!(again.code, 0, "{again:?}");
+    assert!(again.stdout.contains("already moved"), "{again:?}");
+    assert_eq!(identity(&prefix).await, id);
+    // The single node is refused on its old prefix from now on.
+    let refused = start_refused(dir.path(), &["--store", &prefix], Duration::from_secs(30));
+    assert!(
+        refused
+            .log
+            .contains("single node (SQLite) cannot serve a cluster's prefix"),
+        "{}",
+        refused.log
+    );
+    let cluster = TestCluster::start_on(db, &prefix, 2, LEASE).await;
+    check_moved(&cluster, &before).await;
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_single_node_moves_into_a_cluster() {
+    moves_into_a_cluster("mvstop", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_single_node_moves_into_a_cluster_with_its_unindexed_appends() {
+    moves_into_a_cluster("mvkill", true).await;
+}
+
+/// A single node on a fresh prefix that wrote one stream, stopped.
+async fn stopped_single(tag: &str) -> (TempDir, String) {
+    let prefix = fresh_s3_url(tag);
+    let dir = TempDir::new(tag);
+    let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
+    let r = single.client.put("/s/one", &[TEXT], "one");
+    assert_eq!(status!(r), 201);
+    assert!(single.terminate(Duration::from_secs(30)).success());
+    (dir, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_moves_write_nothing() {
+    // The single node still runs.
+    let prefix = fresh_s3_url("mvrun");
+    let dir = TempDir::new("mvrun");
+    let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
+    assert_eq!(status!(single.client.put("/s/one", &[TEXT], "one")), 201);
+    let db = Database::create("mvrefused").await;
+    let before = keys(&prefix).await;
+    let r = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_refused(&r, "the single node still runs");
+    assert!(r.stderr.contains(&format!("pid {}", single.pid())), "{r:?}");
+    assert_untouched(&db).await;
+    assert!(single.terminate(Duration::from_secs(30)).success());
+    let after_stop = keys(&prefix).await;
+    assert!(before.iter().all(|k| after_stop.contains(k)));
+
+    // A prefix the node's metadata does not belong to: another single node's.
+    let (other_dir, other) = stopped_single("mvother").await;
+    let other_keys = keys(&other).await;
+    let r = run_move(dir.path(), &other, &db.url, true).await;
+    assert_refused(&r, "do not belong to each other");
+    assert_untouched(&db).await;
+    assert_eq!(keys(&other).await, other_keys, "nothing written to it");
+    assert_eq!(keys(&prefix).await, after_stop, "nor to its own");
+    drop(other_dir);
+
+    // A database a cluster uses: while its node runs, and after it stopped.
+    let mut cluster = TestCluster::start("mvbusy", 1, LEASE).await;
+    let c = &cluster.node(0).client;
+    assert_eq!(status!(c.put("/c/one", &[TEXT], "c")), 201);
+    let r = run_move(dir.path(), &prefix, &cluster.db.url, true).await;
+    assert_refused(&r, "nodes still run on");
+    assert!(r.stderr.contains("node-1"), "{r:?}");
+    cluster.node_mut(0).stop().await;
+    let r = run_move(dir.path(), &prefix, &cluster.db.url, true).await;
+    assert_refused(&r, "is bound to cluster");
+    assert_eq!(keys(&prefix).await, after_stop, "the prefix is untouched");
+    assert_eq!(identity(&prefix).await["metaKind"], "sqlite");
+    let streams = "SELECT count(*)::text FROM streams";
+    assert_eq!(cluster.db.scalar(streams).await.as_deref(), Some("1"));
+    cluster.shut_down().await;
+
+    // Onto an empty database it would go.
+    let r = run_move(dir.path(), &prefix, &db.url, false).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_untouched(&db).await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_fails_with_a_clear_message() {
+    let (dir, prefix) = stopped_single("mvbad").await;
+    let before = keys(&prefix).await;
+    let db = Database::create("mvbad").await;
+    let missing = dir.path().join("not-there");
+    let r = run_move(&missing, &prefix, &db.url, true).await;
+    assert_refused(&r, "no such directory");
+    assert!(!missing.exists(), "the missing directory was not created");
+    let empty = TempDir::new("mvbad-empty");
+    let r = run_move(empty.path(), &prefix, &db.url, true).await;
+    assert_refused(&r, "no single node's metadata");
+    let not_pg = format!("sqlite://{}", dir.path().join("meta.sqlite").display());
+    let r = run_move(dir.path(), &prefix, &not_pg, true).await;
+    assert_refused(&r, "must be a postgres://");
+    let r = run_move(dir.path(), &prefix, "http://127.0.0.1:1/db", true).await;
+    assert_refused(&r, "must be a postgres://");
+    let unreachable = "postgres://picomq:secret@127.0.0.1:1/nowhere";
+    let r = run_move(dir.path(), &prefix, unreachable, true).await;
+    assert_refused(&r, "cannot connect");
+    assert!(!r.stderr.contains("secret"), "{r:?}");
+    assert_eq!(keys(&prefix).await, before, "nothing written to the prefix");
+    assert_untouched(&db).await;
+    db.drop().await;
+}
