@@ -770,3 +770,36 @@ async fn copy_tokens(sqlite: &SqlitePool, tx: &mut PgConnection) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A migration that adds a table to the single node's metadata must teach the
+    /// move to copy it (and list it in `SQLITE_TABLES`): until then moves refuse.
+    #[tokio::test]
+    async fn the_move_knows_every_table_of_a_single_nodes_metadata() {
+        let sqlite = SqliteMeta::open("sqlite::memory:").await.unwrap();
+        let rows = sqlx::query(
+            "SELECT name FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+        )
+        .fetch_all(sqlite.pool())
+        .await
+        .unwrap();
+        let mut tables: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        let mut known: Vec<String> = SQLITE_TABLES.iter().map(|t| t.to_string()).collect();
+        tables.sort();
+        known.sort();
+        assert_eq!(tables, known);
+        check_sqlite_tables(sqlite.pool()).await.unwrap();
+        sqlx::query("CREATE TABLE groups_of_the_future (x INTEGER)")
+            .execute(sqlite.pool())
+            .await
+            .unwrap();
+        let refused = check_sqlite_tables(sqlite.pool()).await.unwrap_err();
+        assert!(
+            refused.to_string().contains("groups_of_the_future"),
+            "{refused}"
+        );
+    }
+}

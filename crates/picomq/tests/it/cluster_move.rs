@@ -411,3 +411,55 @@ async fn bad_input_fails_with_a_clear_message() {
     assert_untouched(&db).await;
     db.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_move_that_did_not_finish_is_run_again_over_its_own_copy() {
+    let prefix = fresh_s3_url("mvagain");
+    let dir = TempDir::new("mvagain");
+    let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
+    write_history(&single.client).await;
+    assert!(single.terminate(Duration::from_secs(30)).success());
+    let store = picomq_engine::store::open(&prefix).expect("open the test store");
+    let path = ObjectPath::from("identity.json");
+    let saved = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let db = Database::create("mvagain").await;
+    let done = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_eq!(done.code, 0, "{done:?}");
+    // As if the last step, the prefix's identity, had failed: the database holds
+    // the copy and is bound, the prefix still says it is the single node's.
+    store.put(&path, saved.into()).await.unwrap();
+    let member = [
+        "--meta",
+        db.url.as_str(),
+        "--store",
+        prefix.as_str(),
+        "--node-id",
+        "early",
+        "--lease",
+        "2s",
+    ];
+    let early = TempDir::new("mvagain-early");
+    let refused = start_refused(early.path(), &member, Duration::from_secs(30));
+    assert!(
+        refused.log.contains("written by a single node"),
+        "{}",
+        refused.log
+    );
+    // So the single node may start again, and write on.
+    let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
+    let late = single
+        .client
+        .post("/m/bytes", &[BYTES], "after the first copy");
+    assert_eq!(status!(late), 204);
+    let before = snapshot(&single.client).await;
+    assert!(single.terminate(Duration::from_secs(30)).success());
+    let dry = run_move(dir.path(), &prefix, &db.url, false).await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert!(dry.stdout.contains("did not finish"), "{dry:?}");
+    let done = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_eq!(done.code, 0, "{done:?}");
+    assert_eq!(identity(&prefix).await["metaKind"], "postgres");
+    let cluster = TestCluster::start_on(db, &prefix, 2, LEASE).await;
+    check_moved(&cluster, &before).await;
+    cluster.shut_down().await;
+}
