@@ -1,9 +1,9 @@
 //! A single node's streams moved into a cluster with `picomq store move-to-postgres`:
 //! after a clean stop and after `kill -9` (acknowledged appends not yet in its
 //! SQLite), two cluster nodes on the database and the single node's prefix serve
-//! every record as it was written, appends go on at the right offsets, an
-//! idempotent producer's retry is still a duplicate, and the single node itself is
-//! refused from then on. The command refuses, writing nothing to the database or the
+//! every record as it was written (JSON, bytes, a closed stream, a TTL, a fork, a
+//! trim), appends go on at the right offsets, an idempotent producer's retry is
+//! still a duplicate, and the single node itself is refused from then on. The command refuses, writing nothing to the database or the
 //! prefix, while the single node runs, onto a database a cluster uses, and for a
 //! prefix the node's metadata does not belong to; bad input fails with a clear
 //! message. Real processes throughout, on the S3 test server and Postgres
@@ -32,6 +32,7 @@ const STREAMS: &[&str] = &[
     "/m/closed",
     "/m/ttl",
     "/m/fork",
+    "/m/trimmed",
 ];
 
 /// Every key under a store URL's prefix.
@@ -109,9 +110,10 @@ fn producer(epoch: &'static str, seq: &'static str) -> [(&'static str, &'static 
     ]
 }
 
-/// JSON and byte streams, an idempotent producer, a closed stream, one with a TTL
-/// and a fork (with appends to its source after the fork point).
-async fn write_history(c: &Client) {
+/// JSON and byte streams, an idempotent producer, a closed stream, one with a TTL,
+/// a fork (with appends to its source after the fork point) and a trimmed stream.
+/// Returns an offset of the trimmed stream below its start.
+async fn write_history(c: &Client) -> String {
     assert_eq!(status!(c.put("/m/json", &[JSON], r#"[{"n":0}]"#)), 201);
     for i in 1..=5 {
         let body = format!(r#"[{{"n":{i}}},{{"text":"x{i}"}}]"#);
@@ -146,19 +148,33 @@ async fn write_history(c: &Client) {
     assert_eq!(status!(c.put("/m/fork", &fork, "")), 201);
     assert_eq!(status!(c.post("/m/bytes", &[BYTES], "after the fork")), 204);
     assert_eq!(status!(c.post("/m/fork", &[BYTES], "the fork's own")), 204);
+    assert_eq!(status!(c.put("/m/trimmed", &[TEXT], "")), 201);
+    let mut offsets = Vec::new();
+    for i in 0..10 {
+        let r = c
+            .post("/m/trimmed", &[TEXT], format!("r{i};"))
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), 204);
+        offsets.push(r.header("stream-next-offset").expect("offset").to_string());
+    }
+    // Everything before r5 goes.
+    let trim = format!("/__picomq/streams/m/trimmed/trim?before={}", offsets[4]);
+    let r = c.post(&trim, &[], "").await.unwrap();
+    assert!(r.status.is_success(), "{}", r.text());
+    assert_eq!(read_all(c, "/m/trimmed").await, b"r5;r6;r7;r8;r9;");
+    offsets.swap_remove(0)
 }
 
-/// Each stream's bytes and next offset as `c` serves them.
-async fn snapshot(c: &Client) -> Vec<(Vec<u8>, String)> {
+/// Each stream's bytes, next offset and start offset as `c` serves them.
+async fn snapshot(c: &Client) -> Vec<(Vec<u8>, String, String)> {
     let mut out = Vec::new();
     for path in STREAMS {
         let head = c.head(path).await.expect("head");
         assert_eq!(head.status.as_u16(), 200, "HEAD {path}");
-        let next = head
-            .header("stream-next-offset")
-            .expect("offset")
-            .to_string();
-        out.push((read_all(c, path).await, next));
+        let offset = |name: &str| head.header(name).expect(name).to_string();
+        let (next, start) = (offset("stream-next-offset"), offset("stream-start-offset"));
+        out.push((read_all(c, path).await, next, start));
     }
     out
 }
@@ -179,7 +195,7 @@ async fn wait_served(c: &Client) {
 
 /// What the cluster must show after the move: everything as it was, then the
 /// streams going on where they ended.
-async fn check_moved(cluster: &TestCluster, before: &[(Vec<u8>, String)]) {
+async fn check_moved(cluster: &TestCluster, before: &[(Vec<u8>, String, String)], trimmed: &str) {
     for i in 0..2 {
         let c = &cluster.node(i).client;
         wait_served(c).await;
@@ -191,6 +207,11 @@ async fn check_moved(cluster: &TestCluster, before: &[(Vec<u8>, String)]) {
     let closed = b.head("/m/closed").await.expect("head");
     assert_eq!(closed.header("stream-closed"), Some("true"));
     assert_eq!(status!(a.post("/m/closed", &[TEXT], "more")), 409);
+    let below = b
+        .get(&format!("/m/trimmed?offset={trimmed}"))
+        .await
+        .unwrap();
+    assert_eq!(below.status.as_u16(), 410, "{}", below.text());
     // The producer's retry is a duplicate; its next sequence is appended; an older
     // epoch is fenced.
     let (retry, next, stale) = (producer("1", "2"), producer("1", "3"), producer("0", "0"));
@@ -258,7 +279,7 @@ async fn moves_into_a_cluster(tag: &str, kill: bool) {
     let prefix = fresh_s3_url(tag);
     let dir = TempDir::new(tag);
     let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
-    write_history(&single.client).await;
+    let trimmed = write_history(&single.client).await;
     let mut before = snapshot(&single.client).await;
     if kill {
         // Appends acknowledged just before a kill: the indexer (200 ms behind) has
@@ -311,7 +332,7 @@ async fn moves_into_a_cluster(tag: &str, kill: bool) {
         refused.log
     );
     let cluster = TestCluster::start_on(db, &prefix, 2, LEASE).await;
-    check_moved(&cluster, &before).await;
+    check_moved(&cluster, &before, &trimmed).await;
     cluster.shut_down().await;
 }
 
@@ -417,7 +438,7 @@ async fn a_move_that_did_not_finish_is_run_again_over_its_own_copy() {
     let prefix = fresh_s3_url("mvagain");
     let dir = TempDir::new("mvagain");
     let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
-    write_history(&single.client).await;
+    let trimmed = write_history(&single.client).await;
     assert!(single.terminate(Duration::from_secs(30)).success());
     let store = picomq_engine::store::open(&prefix).expect("open the test store");
     let path = ObjectPath::from("identity.json");
@@ -460,6 +481,6 @@ async fn a_move_that_did_not_finish_is_run_again_over_its_own_copy() {
     assert_eq!(done.code, 0, "{done:?}");
     assert_eq!(identity(&prefix).await["metaKind"], "postgres");
     let cluster = TestCluster::start_on(db, &prefix, 2, LEASE).await;
-    check_moved(&cluster, &before).await;
+    check_moved(&cluster, &before, &trimmed).await;
     cluster.shut_down().await;
 }
