@@ -119,20 +119,28 @@ pub struct Counts {
     pub server_keys: u64,
 }
 
+/// `n` and `word`, with an `s` unless `n` is 1.
+fn count_of(n: u64, word: &str) -> String {
+    match n {
+        1 => format!("1 {word}"),
+        n => format!("{n} {word}s"),
+    }
+}
+
 impl std::fmt::Display for Counts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} streams ({} closed, {} forks, {} with a TTL or Expires-At, {} soft-deleted kept for their forks), {} index rows, {} producers, {} tokens, {} server keys",
-            self.streams,
+            "{} ({} closed, {}, {} with a TTL or Expires-At, {} soft-deleted kept for their forks), {}, {}, {}, {}",
+            count_of(self.streams, "stream"),
             self.closed,
-            self.forks,
+            count_of(self.forks, "fork"),
             self.expiring,
             self.soft_deleted,
-            self.index_rows,
-            self.producers,
-            self.tokens,
-            self.server_keys
+            count_of(self.index_rows, "index row"),
+            count_of(self.producers, "producer"),
+            count_of(self.tokens, "token"),
+            count_of(self.server_keys, "server key")
         )
     }
 }

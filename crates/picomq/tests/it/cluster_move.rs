@@ -3,9 +3,11 @@
 //! SQLite), two cluster nodes on the database and the single node's prefix serve
 //! every record as it was written (JSON, bytes, a closed stream, a TTL, a fork, a
 //! trim), appends go on at the right offsets, an idempotent producer's retry is
-//! still a duplicate, and the single node itself is refused from then on. The command refuses, writing nothing to the database or the
-//! prefix, while the single node runs, onto a database a cluster uses, and for a
-//! prefix the node's metadata does not belong to; bad input fails with a clear
+//! still a duplicate, tokens (revoked ones too) come along, and the single node
+//! itself is refused from then on. A move that failed before its last step runs
+//! again over its own copy. The command refuses, writing nothing to the database or
+//! the prefix, while the single node runs, onto a database a cluster uses, and for
+//! a prefix the node's metadata does not belong to; bad input fails with a clear
 //! message. Real processes throughout, on the S3 test server and Postgres
 //! (`PICOMQ_TEST_PG_URL`).
 
@@ -482,5 +484,72 @@ async fn a_move_that_did_not_finish_is_run_again_over_its_own_copy() {
     assert_eq!(identity(&prefix).await["metaKind"], "postgres");
     let cluster = TestCluster::start_on(db, &prefix, 2, LEASE).await;
     check_moved(&cluster, &before, &trimmed).await;
+    cluster.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_move_with_the_streams() {
+    use picomq_client::HttpMethod;
+    use support::{bearer, issue_token, ADMIN_SECRET};
+    let prefix = fresh_s3_url("mvauth");
+    let dir = TempDir::new("mvauth");
+    let mut single = support::start_with_auth_as(dir.path(), &["--store", &prefix], true).await;
+    let c = &single.client;
+    let admin = bearer(ADMIN_SECRET);
+    let headers = [TEXT, ("authorization", admin.as_str())];
+    assert_eq!(status!(c.put("/a/one", &headers, "kept")), 201);
+    let read = serde_json::json!({ "scopes": ["read"] });
+    let (_, reader) = issue_token(c, ADMIN_SECRET, read.clone()).await;
+    let (revoked_id, revoked) = issue_token(c, ADMIN_SECRET, read).await;
+    let path = format!("/__picomq/tokens/{revoked_id}");
+    let headers = [("authorization", admin.as_str())];
+    assert_eq!(
+        status!(c.send(HttpMethod::DELETE, &path, &headers, "")),
+        204
+    );
+    assert!(single.terminate(Duration::from_secs(30)).success());
+    let db = Database::create("mvauth").await;
+    let done = run_move(dir.path(), &prefix, &db.url, true).await;
+    assert_eq!(done.code, 0, "{done:?}");
+    // The bootstrap token and the two issued, with the server's signing key.
+    assert!(done.stdout.contains("3 tokens, 1 server key"), "{done:?}");
+    let boot = TempDir::new("mvauth-boot");
+    let file = boot.path().join("bootstrap-token");
+    std::fs::write(&file, format!("{ADMIN_SECRET}\n")).unwrap();
+    let file = file.display().to_string();
+    let mut flags = LEASE.to_vec();
+    flags.extend([
+        "--auth",
+        "required",
+        "--bootstrap-token-file",
+        file.as_str(),
+    ]);
+    let cluster = TestCluster::start_on(db, &prefix, 2, &flags).await;
+    for i in 0..2 {
+        let c = &cluster.node(i).client;
+        let with = |secret: &str| {
+            let auth = bearer(secret);
+            async move {
+                let r = c
+                    .send(
+                        HttpMethod::GET,
+                        "/a/one?offset=-1",
+                        &[("authorization", &auth)],
+                        "",
+                    )
+                    .await
+                    .unwrap();
+                (r.status.as_u16(), r.text())
+            }
+        };
+        let kept = support::eventually(Duration::from_secs(30), || async {
+            let (code, text) = with(&reader).await;
+            (code == 200).then_some(text)
+        })
+        .await;
+        assert_eq!(kept, "kept", "the token issued on the single node reads");
+        assert_eq!(with(&revoked).await.0, 401, "a revoked token stays revoked");
+        assert_eq!(with("not-a-token").await.0, 401);
+    }
     cluster.shut_down().await;
 }
