@@ -177,32 +177,58 @@ pub async fn bind(store: &dyn ObjectStore, meta: &Meta, store_name: &str) -> Res
 
 /// `Ok` if the prefix's identity and the metadata's belong to each other.
 pub fn agree(found: &StoreIdentity, mine: &MetaIdentity, store_name: &str) -> Result<()> {
+    match mismatch(found, mine, store_name) {
+        Some(why) => Err(refusal(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why the prefix's identity and the metadata's do not belong to each other, if
+/// they do not.
+pub fn mismatch(found: &StoreIdentity, mine: &MetaIdentity, store_name: &str) -> Option<String> {
     let theirs = meta_words(&found.meta_kind, &found.meta_id);
     let ours = meta_words(mine.kind, &mine.meta_id);
     if let Some(cluster) = &mine.cluster_id {
         if *cluster != found.cluster_id {
             let bound_at = mine.store.as_deref().unwrap_or("?");
-            return Err(refusal(format!(
+            return Some(format!(
                 "the metadata and the store belong to different clusters: this node's {ours} belongs to cluster {cluster} on store {bound_at}, but --store {store_name} belongs to cluster {} ({theirs})",
                 found.cluster_id
-            )));
+            ));
         }
     }
     match (found.meta_kind.as_str(), mine.kind) {
-        ("postgres", "postgres") if found.meta_id != mine.meta_id => Err(refusal(format!(
+        ("postgres", "postgres") if found.meta_id != mine.meta_id => Some(format!(
             "--store {store_name} belongs to cluster {} whose metadata of record is {theirs}, not this node's {ours} (another database, or a copy of it): point --meta at that database",
             found.cluster_id
-        ))),
-        ("postgres", "sqlite") => Err(refusal(format!(
+        )),
+        ("postgres", "sqlite") => Some(format!(
             "--store {store_name} belongs to cluster {} ({theirs}): a single node (SQLite) cannot serve a cluster's prefix; start it with --meta pointing at that database, or give it a prefix of its own",
             found.cluster_id
-        ))),
-        ("sqlite", "postgres") => Err(refusal(format!(
-            "--store {store_name} was written by a single node (cluster {}, {theirs}), and this node's {ours} is not its record; a cluster needs a prefix of its own (moving a single node's streams into a cluster is not supported yet)",
+        )),
+        ("sqlite", "postgres") => Some(format!(
+            "--store {store_name} was written by a single node (cluster {}, {theirs}), and this node's {ours} is not its record; a cluster needs a prefix of its own (to move a single node's streams into a cluster, use `picomq store move-to-postgres`)",
             found.cluster_id
-        ))),
-        _ => Ok(()),
+        )),
+        _ => None,
     }
+}
+
+/// Whether `meta` and the prefix `store` belong to each other, judged as [`bind`]
+/// judges them but writing nothing: `None` when they do (or a first start would
+/// bind them), else why not. Also the prefix's identity, if it has one.
+pub async fn check(
+    store: &dyn ObjectStore,
+    meta: &Meta,
+    store_name: &str,
+) -> Result<(Option<StoreIdentity>, Option<String>)> {
+    let mine = meta.identity().await?;
+    let found = read(store).await?;
+    let why = match &found {
+        Some(found) => mismatch(found, &mine, store_name),
+        None => not_adoptable(store, meta, &mine, store_name).await?,
+    };
+    Ok((found, why))
 }
 
 /// Whether a prefix without an identity may be given one for `mine`: the metadata
@@ -214,10 +240,23 @@ async fn adoptable(
     mine: &MetaIdentity,
     store_name: &str,
 ) -> Result<()> {
+    match not_adoptable(store, meta, mine, store_name).await? {
+        Some(why) => Err(refusal(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why a prefix without an identity may not be given one for `mine`, if it may not.
+async fn not_adoptable(
+    store: &dyn ObjectStore,
+    meta: &Meta,
+    mine: &MetaIdentity,
+    store_name: &str,
+) -> Result<Option<String>> {
     let ours = meta_words(mine.kind, &mine.meta_id);
     if let Some(cluster) = &mine.cluster_id {
         let bound_at = mine.store.as_deref().unwrap_or("?");
-        return Err(refusal(format!(
+        return Ok(Some(format!(
             "this node's {ours} belongs to cluster {cluster} on store {bound_at}, but --store {store_name} holds no identity (another prefix, or an emptied one): fix --store, or give this store its own --meta"
         )));
     }
@@ -231,16 +270,16 @@ async fn adoptable(
         let claims = crate::fencing::list_claims(store).await?;
         if mine.kind == "postgres" && !claims.is_empty() {
             let shown: Vec<String> = claims.iter().take(5).map(u64::to_string).collect();
-            return Err(refusal(format!(
+            return Ok(Some(format!(
                 "--store {store_name} holds logs that this node's {ours} does not know (epochs {}): written by a single node, or by another cluster's database; a cluster needs a prefix of its own",
                 shown.join(", ")
             )));
         }
-        return Ok(());
+        return Ok(None);
     }
     match store.head(&Path::from(layout::claim_key(newest))).await {
-        Ok(_) => Ok(()),
-        Err(object_store::Error::NotFound { .. }) => Err(refusal(format!(
+        Ok(_) => Ok(None),
+        Err(object_store::Error::NotFound { .. }) => Ok(Some(format!(
             "this node's {ours} was written for another store: it knows epoch {newest}, which --store {store_name} never claimed; fix --store, or give this store its own --meta"
         ))),
         Err(e) => Err(e.into()),

@@ -23,6 +23,7 @@ pub mod failpoint;
 pub mod fencing;
 pub mod identity;
 mod indexer;
+pub mod into_cluster;
 pub mod layout;
 pub mod meta;
 pub mod metrics;

@@ -97,7 +97,8 @@ struct Cli {
 enum Command {
     /// Run the server (defaults: 127.0.0.1:4437, data in ./picomq-data).
     Serve(Box<serve::ServeArgs>),
-    /// The binding of a store and its metadata: show it, or rebind them deliberately.
+    /// The binding of a store and its metadata: show it, rebind them deliberately,
+    /// or move a single node's streams into a cluster (Postgres).
     Store {
         #[command(subcommand)]
         command: identity::StoreCommand,

@@ -62,6 +62,24 @@ impl TestCluster {
         cluster
     }
 
+    /// `n` nodes on `db` and the prefix `store` as they already are (a cluster
+    /// assembled by a move into the database), each with `extra` flags, all ready.
+    pub async fn start_on(db: Database, store: &str, n: usize, extra: &[&str]) -> TestCluster {
+        let mut cluster = TestCluster {
+            meta_url: db.url.clone(),
+            db,
+            store: store.to_string(),
+            nodes: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            dirs: Vec::new(),
+            haproxy: None,
+        };
+        for _ in 0..n {
+            cluster.add_node().await;
+        }
+        cluster
+    }
+
     /// Starts one more node (it joins and takes its share).
     pub async fn add_node(&mut self) -> usize {
         let i = self.nodes.len();

@@ -81,6 +81,23 @@ impl Database {
         panic!("copying database {}: {last}", self.name);
     }
 
+    /// The first column of the first row of `sql` on this database, as text:
+    /// `None` for no row, a NULL, or a query that fails (a table not there yet).
+    pub async fn scalar(&self, sql: &str) -> Option<String> {
+        let mut conn = PgConnection::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.name));
+        let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_optional(&mut conn)
+            .await;
+        conn.close().await.ok();
+        row.ok().flatten().and_then(|r| {
+            sqlx::Row::try_get::<Option<String>, _>(&r, 0)
+                .ok()
+                .flatten()
+        })
+    }
+
     /// Drops the database, closing whatever connections still use it.
     ///
     /// `FORCE` ends the database's other sessions, and a role that is not a

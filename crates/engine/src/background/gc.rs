@@ -39,7 +39,7 @@ use crate::wal::format::SEAL_MAGIC;
 
 /// Seal objects are a line of text; anything this small is checked for the seal
 /// magic before it is deleted.
-const SEAL_BYTES_MAX: u64 = 128;
+pub(crate) const SEAL_BYTES_MAX: u64 = 128;
 
 static PASSES: Desc = Desc::counter(
     "picomq_gc_passes_total",
@@ -183,7 +183,7 @@ async fn collect_under(
     Ok(())
 }
 
-async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
+pub(crate) async fn is_seal(store: &dyn ObjectStore, location: &Path) -> Result<bool> {
     let opts = GetOptions {
         range: Some(GetRange::Bounded(0..SEAL_MAGIC.len() as u64)),
         ..Default::default()

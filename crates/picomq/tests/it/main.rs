@@ -18,6 +18,7 @@ mod cli_tail_restart;
 mod cli_tokens;
 mod cluster;
 mod cluster_identity;
+mod cluster_move;
 mod cold_reads;
 mod compaction;
 mod console;

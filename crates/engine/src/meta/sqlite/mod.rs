@@ -127,6 +127,11 @@ impl SqliteMeta {
         Ok(meta)
     }
 
+    /// The pool, for a move of its rows into a cluster's database (`into_cluster`).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     async fn migrate(&self) -> Result<()> {
         sqlx::query("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             .execute(&self.pool)
