@@ -77,6 +77,9 @@ const MAINTENANCE_JOB: &str = "maintenance";
 /// objects it is fetching.
 pub(crate) const WARM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a graceful stop waits for its last pack at most.
+const PACK_AT_STOP: Duration = Duration::from_secs(2);
+
 static RECOVERY_REPLAYED: Desc = Desc::gauge(
     "picomq_recovery_objects_replayed",
     "WAL objects replayed into the metadata at start.",
@@ -547,8 +550,22 @@ impl Engine {
         self.shutdown_within(Duration::from_secs(10)).await
     }
 
+    /// Packs what is still only in the WAL, now (within a few seconds at most): a
+    /// stopping node does it before it hands its streams over and again before it
+    /// stops, so whoever reads them next reads packs.
+    pub async fn pack_unpacked(&self) {
+        if self.service.inner.config.pack.interval.is_some() {
+            let _ = tokio::time::timeout(PACK_AT_STOP, self.node.packer.pack_now()).await;
+        }
+    }
+
     /// [`Engine::shutdown`], giving a cluster member `drain` to hand over its streams.
     pub async fn shutdown_within(&self, drain: Duration) {
+        // What is only in the WAL goes into a pack first (bounded: a slow store
+        // must not hold the stop): the next incarnation's warm-up, or a member
+        // taking streams over by hand-over (which warms nothing), reads a few packs
+        // instead of one GET per WAL object per stream.
+        self.pack_unpacked().await;
         let cluster = self.service.cluster().cloned();
         let drained = match &cluster {
             Some(c) => c.drain_all(drain).await,

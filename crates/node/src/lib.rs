@@ -469,6 +469,8 @@ async fn stop_gracefully(
     // A cluster member hands its streams to the others while it still answers
     // (requests for them are forwarded meanwhile), then drains its connections.
     if let Some(cluster) = engine.cluster() {
+        // The members taking the streams over read their recent history from packs.
+        engine.pack_unpacked().await;
         if cluster
             .drain_all((timeout / 2).max(Duration::from_secs(1)))
             .await

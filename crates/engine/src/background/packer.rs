@@ -383,6 +383,14 @@ impl Packer {
         }
     }
 
+    /// Packs at once everything still only in the WAL (a graceful stop: the next
+    /// incarnation, or the members taking the streams over, then read packs rather
+    /// than one WAL object per chunk).
+    pub async fn pack_now(&self) {
+        self.recent.lock().expect("packer lock").unpacked_objects = usize::MAX;
+        self.pass().await;
+    }
+
     /// Writes the pieces as packs and commits their relocations, under the
     /// maintenance lock.
     async fn write(&self, pieces: Vec<Piece>) -> Result<()> {
