@@ -49,15 +49,16 @@ print(f"bench (whole run): {a['records_per_s']:,.0f} records/s, ack p99 {a['ack_
 PY
     echo
     echo "## by binary (self time)"
-    perf report -i "$WORK/perf-$server.data" --no-children --sort dso --percent-limit 1 --stdio 2>/dev/null |
-      grep -v '^#' | grep -v '^$' | head -12
+    perf report -i "$WORK/perf-$server.data" --no-children -g none --sort dso --percent-limit 1 --stdio 2>/dev/null |
+      grep -v '^#' | grep -v '^$' | sed -n 1,12p
     echo
     echo "## symbols, self time, flat (perf report --no-children -g none --percent-limit 0.7)"
     perf report -i "$WORK/perf-$server.data" --no-children -g none --percent-limit 0.7 --stdio 2>/dev/null |
       grep -v '^#' | grep -v '^$'
     echo
     echo "## with call chains (perf report --no-children --percent-limit 2 --stdio | head -80)"
-    perf report -i "$WORK/perf-$server.data" --no-children --percent-limit 2 --stdio 2>/dev/null | head -80
+    # sed, not head: head would stop reading, and perf's SIGPIPE fail the pipeline.
+    perf report -i "$WORK/perf-$server.data" --no-children --percent-limit 2 --stdio 2>/dev/null | sed -n 1,80p
   } >"$RESULTS/profile-peers-$server.txt"
   log "wrote $RESULTS/profile-peers-$server.txt"
 done
