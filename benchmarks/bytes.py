@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--passes", type=int, default=3, help="single-reader passes")
     ap.add_argument("--server-pid", type=int)
     ap.add_argument("--label", default="run")
+    ap.add_argument("--mark", help="create this file once the warm-up read is done "
+                    "(a profiler can start on it)")
     a = ap.parse_args()
     pid = a.server_pid
     conn = Conn(a.url)
@@ -153,6 +155,8 @@ def main():
 
     buf = bytearray(4 << 20)
     check(read_all(a.url, path, buf), "warm-up read")
+    if a.mark:
+        open(a.mark, "w").close()
     single = []
     for _ in range(a.passes):
         c0, t0 = cpu_s(pid), time.perf_counter()

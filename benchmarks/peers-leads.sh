@@ -9,10 +9,11 @@
 #           /proc/PID/io, per byte of record acknowledged
 # then PicoMQ alone with one setting changed, the rest as above:
 #   io  with --block-cache-bytes 0 (memory and page faults of the block cache)
-#   catch-up (benchmarks/bytes.py) with --max-read-bytes 1MiB (the default) and 16MiB
+#   catch-up (benchmarks/bytes.py): defaults, --max-read-bytes 16MiB (fewer
+#   requests), --block-cache-bytes 1GiB (the 256 MiB stream fits in the cache), both
 # Output: results/peers-leads.txt, JSON in results/json/peers-leads/.
 #
-#   benchmarks/peers-leads.sh        # ~4 minutes
+#   benchmarks/peers-leads.sh        # ~5 minutes
 source "$(dirname "$0")/lib.sh"
 build_picomq
 install_electric
@@ -21,6 +22,7 @@ OUT="$RESULTS/peers-leads.txt"
 LOAD="--record-bytes 1024 --batch 1 --streams 64 --in-flight 512 --duration 10s --warmup 0s"
 mkdir -p "$JSON"
 rm -f "$JSON"/*.json
+NOTE=$(machine_note)
 
 io_field() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/io"; }
 
@@ -55,16 +57,24 @@ done
 start picomq --block-cache-bytes 0
 io_run picomq-block-cache-0
 stop_server
-for max in 1MiB 16MiB; do
-  start picomq --max-read-bytes "$max"
+# name | serve flags
+declare -A READ_FLAGS=(
+  [defaults]=""
+  [read-16MiB]="--max-read-bytes 16MiB"
+  [cache-1GiB]="--block-cache-bytes 1GiB"
+  [both]="--max-read-bytes 16MiB --block-cache-bytes 1GiB"
+)
+for v in defaults read-16MiB cache-1GiB both; do
+  # shellcheck disable=SC2086
+  start picomq ${READ_FLAGS[$v]}
   python3 "$BENCH_DIR/bytes.py" "http://127.0.0.1:$port/v1/stream" --server-pid "$SERVER_PID" \
-    --label "picomq --max-read-bytes $max" >"$JSON/bytes-picomq-read-$max.json"
+    --label "picomq ${READ_FLAGS[$v]}" >"$JSON/bytes-picomq-$v.json"
   stop_server
 done
 
 {
   echo "# Leads: PicoMQ vs Electric's durable-streams-server $ELECTRIC_VERSION, small measurements"
-  machine_note
+  echo "$NOTE"
   echo "load: picomq bench URL $LOAD"
   echo
   python3 - "$JSON" <<'PY'
@@ -88,13 +98,14 @@ for s in ("picomq", "electric", "picomq-block-cache-0"):
     print(f"  {s:21} {a['records_per_s']:9,.0f} appends/s  CPU {sv['cpu_s_per_million_records']:5.1f} us/record  "
           f"VmHWM {sv['vm_hwm_mb']:6.1f} MiB  RSS sampled {sv['rss_mb_peak_sampled']:6.1f} MiB  "
           f"wchar {p['wchar'] / a['bytes']:.2f}  write_bytes {p['write_bytes'] / a['bytes']:.2f}")
-print("\nPicoMQ catch-up of one 256 MiB stream (benchmarks/bytes.py) by largest read response:")
-for m in ("1MiB", "16MiB"):
-    b = j(f"bytes-picomq-read-{m}")
+print("\nPicoMQ catch-up of one 256 MiB stream (benchmarks/bytes.py), serve flags changed:")
+for m, flags in (("defaults", "defaults"), ("read-16MiB", "--max-read-bytes 16MiB"),
+                 ("cache-1GiB", "--block-cache-bytes 1GiB"), ("both", "both")):
+    b = j(f"bytes-picomq-{m}")
     one = max(p["mib_per_s"] for p in b["catch_up_1"])
     n = b["catch_up_n"]
     cpu = n["server_cpu_s"] / (n["readers"] * b["stream_bytes"] / 2**30)
-    print(f"  --max-read-bytes {m:6} 1 reader {one:6,.0f} MiB/s  16 readers {n['mib_per_s']:6,.0f} MiB/s  "
+    print(f"  {flags:24} 1 reader {one:6,.0f} MiB/s  16 readers {n['mib_per_s']:6,.0f} MiB/s  "
           f"server CPU {cpu:.2f} s/GiB  requests per read {b['catch_up_1'][0]['requests']}  "
           f"sequential 64 KiB appends {b['sequential']['mib_per_s']:.0f} MiB/s")
 PY

@@ -5,9 +5,14 @@
 # peers.sh's `many`), `perf record -g` of the server for SECONDS_PROFILED seconds
 # in the middle of the run, then the heaviest symbols by self time and the split
 # by binary (kernel, the server, libc). Output: results/profile-peers-SERVER.txt.
+# WORKLOAD=bytes profiles the catch-up reads of benchmarks/bytes.py instead (one
+# 256 MiB stream: 10 passes by one reader, then 16 readers at once; perf starts
+# after the warm-up read and stops when the reads end), into
+# results/profile-peers-bytes-SERVER.txt.
 #
 #   benchmarks/profile-peers.sh
 #   SERVERS=electric WORKLOAD="--record-bytes 100 --batch 10 --streams 4 --in-flight 64" benchmarks/profile-peers.sh
+#   WORKLOAD=bytes benchmarks/profile-peers.sh
 #
 # Needs perf (Debian: linux-perf) and root or perf_event_paranoid <= 1.
 source "$(dirname "$0")/lib.sh"
@@ -26,27 +31,58 @@ for server in $SERVERS; do
     electric) start_electric "$port" ;;
     *) echo "unknown server $server (picomq, electric)" >&2 && exit 2 ;;
   esac
-  total=$((SECONDS_PROFILED + 8))
-  # shellcheck disable=SC2086
-  bench "$WORK/bench-$server.json" "$port" "$server" $WORKLOAD --duration "${total}s" --warmup 1s --quiet &
-  bench_pid=$!
-  sleep 4
-  log "perf record -g for ${SECONDS_PROFILED}s (pid $SERVER_PID)"
-  perf record -q -g -p "$SERVER_PID" -o "$WORK/perf-$server.data" -- sleep "$SECONDS_PROFILED" 2>/dev/null
-  wait "$bench_pid"
+  if [ "$WORKLOAD" = bytes ]; then
+    out="$RESULTS/profile-peers-bytes-$server.txt"
+    rm -f "$WORK/mark"
+    python3 "$BENCH_DIR/bytes.py" "http://127.0.0.1:$port/v1/stream" --server-pid "$SERVER_PID" \
+      --passes 10 --mark "$WORK/mark" >"$WORK/bytes-$server.json" &
+    bytes_pid=$!
+    while [ ! -e "$WORK/mark" ]; do sleep 0.1; done
+    log "perf record -g until the reads end (pid $SERVER_PID)"
+    perf record -q -g -p "$SERVER_PID" -o "$WORK/perf-$server.data" 2>/dev/null &
+    perf_pid=$!
+    wait "$bytes_pid"
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+  else
+    out="$RESULTS/profile-peers-$server.txt"
+    total=$((SECONDS_PROFILED + 8))
+    # shellcheck disable=SC2086
+    bench "$WORK/bench-$server.json" "$port" "$server" $WORKLOAD --duration "${total}s" --warmup 1s --quiet &
+    bench_pid=$!
+    sleep 4
+    log "perf record -g for ${SECONDS_PROFILED}s (pid $SERVER_PID)"
+    perf record -q -g -p "$SERVER_PID" -o "$WORK/perf-$server.data" -- sleep "$SECONDS_PROFILED" 2>/dev/null
+    wait "$bench_pid"
+  fi
   stop_server
   {
-    echo "# $server under picomq bench $WORKLOAD"
+    if [ "$WORKLOAD" = bytes ]; then
+      echo "# $server serving catch-up reads of one 256 MiB stream (benchmarks/bytes.py --passes 10)"
+    else
+      echo "# $server under picomq bench $WORKLOAD"
+    fi
     machine_note
     if [ "$server" = electric ]; then echo "electric: durable-streams-server $ELECTRIC_VERSION (crates.io), defaults"; fi
-    echo "perf record -g -p PID for ${SECONDS_PROFILED}s, starting 4 s into a $((total + 1)) s bench run"
-    python3 - "$WORK/bench-$server.json" <<'PY'
+    if [ "$WORKLOAD" = bytes ]; then
+      echo "perf record -g -p PID from the end of the warm-up read to the end of the reads"
+      python3 - "$WORK/bytes-$server.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+one, n = r["catch_up_1"], r["catch_up_n"]
+print(f"bytes.py: 1 reader {min(p['mib_per_s'] for p in one):,.0f}-{max(p['mib_per_s'] for p in one):,.0f} MiB/s "
+      f"({one[0]['requests']} requests per read), 16 readers {n['mib_per_s']:,.0f} MiB/s")
+PY
+    else
+      echo "perf record -g -p PID for ${SECONDS_PROFILED}s, starting 4 s into a $((total + 1)) s bench run"
+      python3 - "$WORK/bench-$server.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 a, s = r["append"], r.get("server") or {}
 print(f"bench (whole run): {a['records_per_s']:,.0f} records/s, ack p99 {a['ack_latency_ms']['p99']:.1f} ms, "
       f"server CPU {s.get('cpu_s', 0):.1f} s ({s.get('cpu_s_per_million_records', 0):.1f} us/record)")
 PY
+    fi
     echo
     echo "## by binary (self time)"
     perf report -i "$WORK/perf-$server.data" --no-children -g none --sort dso --percent-limit 1 --stdio 2>/dev/null |
@@ -59,6 +95,6 @@ PY
     echo "## with call chains (perf report --no-children --percent-limit 2 --stdio | head -80)"
     # sed, not head: head would stop reading, and perf's SIGPIPE fail the pipeline.
     perf report -i "$WORK/perf-$server.data" --no-children --percent-limit 2 --stdio 2>/dev/null | sed -n 1,80p
-  } >"$RESULTS/profile-peers-$server.txt"
-  log "wrote $RESULTS/profile-peers-$server.txt"
+  } >"$out"
+  log "wrote $out"
 done
