@@ -6,7 +6,8 @@ each in turn):
   headers  bytes of response head (status line and headers) of a create, an
            append and a catch-up read of a JSON stream
   conns    VmRSS of the server with N idle keep-alive connections, each having
-           sent one append, against before they were opened (KiB per connection)
+           sent one append, against before they were opened (KiB per connection);
+           also VmHWM and VmRSS before the first request (what start-up left)
 
   python3 benchmarks/peers-leads.py headers URL
   python3 benchmarks/peers-leads.py conns URL --server-pid PID [--conns 512]
@@ -78,6 +79,7 @@ def headers(a):
 
 def conns(a):
     pid = a.server_pid
+    hwm_start = status_kib(pid, "VmHWM")
     before = status_kib(pid, "VmRSS")
     s, host, base = connect(a.url)
     path = f"{base}/conns-{os.getpid()}"
@@ -92,8 +94,8 @@ def conns(a):
     after = status_kib(pid, "VmRSS")
     for c in socks:
         c.close()
-    return {"conns": a.conns, "rss_kib_before": before, "rss_kib_after": after,
-            "kib_per_conn": (after - before) / a.conns}
+    return {"conns": a.conns, "hwm_kib_at_start": hwm_start, "rss_kib_before": before,
+            "rss_kib_after": after, "kib_per_conn": (after - before) / a.conns}
 
 
 def main():

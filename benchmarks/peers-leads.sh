@@ -2,7 +2,8 @@
 # The measurements behind the leads in docs/performance.md, "Against Electric's
 # durable-streams server": for PicoMQ and Electric's server (each fresh, defaults)
 #   heads   response head bytes of a create, an append and a catch-up read
-#   conns   RSS per idle keep-alive connection (512 connections, one append each)
+#   conns   VmHWM and VmRSS of the fresh server before any request, then RSS per
+#           idle keep-alive connection (512 connections, one append each)
 #   io      the 1 KiB load of peers.sh (10 s, no warm-up, so that everything the
 #           server wrote is counted): bytes the server passed to write/pwrite
 #           (wchar) and bytes it caused to be written to disk (write_bytes), from
@@ -46,9 +47,9 @@ start() { # SERVER [flags]
 
 for server in picomq electric; do
   start "$server"
-  python3 "$BENCH_DIR/peers-leads.py" headers "http://127.0.0.1:$port/v1/stream" >"$JSON/heads-$server.json"
   python3 "$BENCH_DIR/peers-leads.py" conns "http://127.0.0.1:$port/v1/stream" --server-pid "$SERVER_PID" \
     >"$JSON/conns-$server.json"
+  python3 "$BENCH_DIR/peers-leads.py" headers "http://127.0.0.1:$port/v1/stream" >"$JSON/heads-$server.json"
   stop_server
   start "$server"
   io_run "$server"
@@ -86,11 +87,11 @@ for s in ("picomq", "electric"):
     h = j(f"heads-{s}")
     print(f"  {s:9} create {h['create']['head_bytes']}, append {h['append']['head_bytes']}, "
           f"catch-up read {h['catch_up']['head_bytes']} (body {h['catch_up']['body_bytes']})")
-print("\nRSS per idle keep-alive connection (512, one append each):")
+print("\nfresh server, before any request; then RSS per idle keep-alive connection (512, one append each):")
 for s in ("picomq", "electric"):
     c = j(f"conns-{s}")
-    print(f"  {s:9} {c['rss_kib_before'] / 1024:.1f} -> {c['rss_kib_after'] / 1024:.1f} MiB: "
-          f"{c['kib_per_conn']:.1f} KiB per connection")
+    print(f"  {s:9} VmHWM {c['hwm_kib_at_start'] / 1024:.1f} MiB, VmRSS {c['rss_kib_before'] / 1024:.1f} MiB; "
+          f"with the connections {c['rss_kib_after'] / 1024:.1f} MiB: {c['kib_per_conn']:.1f} KiB per connection")
 print("\n1 KiB load, whole run; writes per byte of record acknowledged (/proc/PID/io):")
 for s in ("picomq", "electric", "picomq-block-cache-0"):
     r, p = j(f"io-{s}"), j(f"io-{s}-proc")

@@ -11,7 +11,7 @@
 #              table with every round and the ratio Electric/PicoMQ per round ->
 #              results/peers-electric.txt, JSON in results/json/peers-electric/
 #
-#   benchmarks/peers.sh                          # both peers (~5 + ~8 minutes)
+#   benchmarks/peers.sh                          # both peers (~5 + ~5 minutes)
 #   PEERS=electric benchmarks/peers.sh           # Electric only
 #   PEERS=reference SCENARIOS="lone many" benchmarks/peers.sh
 #
