@@ -4,14 +4,15 @@
 # driven by `picomq bench` (1 KiB JSON records, 64 streams, 512 in flight, as in
 # peers.sh's `many`), `perf record -g` of the server for SECONDS_PROFILED seconds
 # in the middle of the run, then the heaviest symbols by self time and the split
-# by binary (kernel, the server, libc). Output: results/profile-peers-SERVER.txt.
+# by binary (kernel, the server, libc). Output: results/profile-peers-SERVER.txt
+# (results/profile-peers-NAME-SERVER.txt with NAME set).
 # WORKLOAD=bytes profiles the catch-up reads of benchmarks/bytes.py instead (one
 # 256 MiB stream: 10 passes by one reader, then 16 readers at once; perf starts
 # after the warm-up read and stops when the reads end), into
 # results/profile-peers-bytes-SERVER.txt.
 #
 #   benchmarks/profile-peers.sh
-#   SERVERS=electric WORKLOAD="--record-bytes 100 --batch 10 --streams 4 --in-flight 64" benchmarks/profile-peers.sh
+#   NAME=batched WORKLOAD="--record-bytes 100 --batch 10 --streams 4 --in-flight 64" benchmarks/profile-peers.sh
 #   WORKLOAD=bytes benchmarks/profile-peers.sh
 #
 # Needs perf (Debian: linux-perf) and root or perf_event_paranoid <= 1.
@@ -19,6 +20,7 @@ source "$(dirname "$0")/lib.sh"
 SERVERS=${SERVERS:-"picomq electric"}
 WORKLOAD=${WORKLOAD:-"--record-bytes 1024 --batch 1 --streams 64 --in-flight 512"}
 SECONDS_PROFILED=${SECONDS_PROFILED:-10}
+NAME=${NAME:-}
 
 command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)" >&2; exit 1; }
 build_picomq
@@ -45,7 +47,7 @@ for server in $SERVERS; do
     kill -INT "$perf_pid"
     wait "$perf_pid" || true
   else
-    out="$RESULTS/profile-peers-$server.txt"
+    out="$RESULTS/profile-peers-${NAME:+$NAME-}$server.txt"
     total=$((SECONDS_PROFILED + 8))
     # shellcheck disable=SC2086
     bench "$WORK/bench-$server.json" "$port" "$server" $WORKLOAD --duration "${total}s" --warmup 1s --quiet &
