@@ -1,6 +1,8 @@
+# shellcheck shell=bash
 # Shared by the benchmark scripts (source it): build PicoMQ, start and stop servers
-# on loopback, install the Durable Streams reference server from npm at run time,
-# and run `picomq bench`. Nothing here talks to anything but 127.0.0.1.
+# on loopback, install the Durable Streams reference server from npm and Electric's
+# Rust server from crates.io at run time, and run `picomq bench`. Nothing here talks
+# to anything but 127.0.0.1 (and the package registries, to install).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -9,6 +11,9 @@ RESULTS=${RESULTS:-$BENCH_DIR/results}
 WORK=${BENCH_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/picomq-bench.XXXXXX")}
 PEER_DIR=${PEER_DIR:-$HOME/.cache/picomq-bench/peer}
 PEER_VERSION=0.3.7
+# Electric's Rust server (crates.io `durable-streams`), built by cargo at first use.
+ELECTRIC_DIR=${ELECTRIC_DIR:-$HOME/.cache/picomq-bench/electric}
+ELECTRIC_VERSION=0.1.5
 # Set PICOMQ_BIN to bench a binary you built elsewhere; otherwise we build one.
 PICOMQ=${PICOMQ_BIN:-}
 mkdir -p "$RESULTS" "$WORK"
@@ -44,6 +49,15 @@ install_peer() {
     (cd "$PEER_DIR" && npm install --no-audit --no-fund --loglevel=error "@durable-streams/server@$PEER_VERSION" >&2)
   fi
   cp "$BENCH_DIR/peer-server.mjs" "$PEER_DIR/peer-server.mjs"
+}
+
+# The installed version is recorded in cargo's .crates.toml under the root.
+install_electric() {
+  if ! grep -qF "durable-streams $ELECTRIC_VERSION " "$ELECTRIC_DIR/.crates.toml" 2>/dev/null ||
+    [ ! -x "$ELECTRIC_DIR/bin/durable-streams-server" ]; then
+    log "installing durable-streams@$ELECTRIC_VERSION into $ELECTRIC_DIR (cargo, a few minutes)"
+    cargo install --quiet --locked --version "$ELECTRIC_VERSION" --root "$ELECTRIC_DIR" durable-streams >&2
+  fi
 }
 
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
@@ -93,6 +107,22 @@ start_peer() {
   PIDS+=("$SERVER_PID")
   wait_http "http://127.0.0.1:$port/"
   log "@durable-streams/server@$PEER_VERSION (file store) on :$port (pid $SERVER_PID)"
+}
+
+# start_electric PORT: sets SERVER_PID; data in $WORK/electric-PORT. Its defaults:
+# WAL with group-commit fdatasync before the ack, one file of wire bytes per stream.
+# A stream's name is the whole request path, so PicoMQ's /v1/stream/NAME works as is.
+start_electric() {
+  local port=$1
+  local dir="$WORK/electric-$port"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$ELECTRIC_DIR/bin/durable-streams-server" --host 127.0.0.1 --port "$port" --data-dir "$dir" \
+    >"$dir.log" 2>&1 &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  wait_ready "http://127.0.0.1:$port/health"
+  log "durable-streams-server $ELECTRIC_VERSION on :$port (pid $SERVER_PID)"
 }
 
 stop_server() {
