@@ -72,6 +72,8 @@ struct Recent {
     /// WAL objects fed whose runs are not in a pack yet, and when the oldest came.
     unpacked_objects: usize,
     oldest_unpacked: Option<Instant>,
+    /// The next pass writes everything buffered as final (L1) pieces: a stop.
+    everything: bool,
 }
 
 impl Recent {
@@ -130,7 +132,9 @@ impl Recent {
     /// still only in the WAL. `None`: nothing to write.
     fn plan(&mut self, c: &PackConfig, max: usize, now: Instant) -> Option<Plan> {
         let recent = self;
-        let l0_due = recent.unpacked_objects >= c.l0_objects_max
+        let everything = std::mem::take(&mut recent.everything);
+        let l0_due = everything
+            || recent.unpacked_objects >= c.l0_objects_max
             || recent
                 .oldest_unpacked
                 .is_some_and(|t| now.duration_since(t) >= c.l0_delay);
@@ -147,7 +151,7 @@ impl Recent {
                 .is_some_and(|r| now.duration_since(r.since) >= c.l1_delay);
             // The leading runs that follow each other: whole rows, no gap.
             let n = contiguous_prefix(runs);
-            let (take, last) = if bytes >= c.piece_bytes || old {
+            let (take, last) = if bytes >= c.piece_bytes || old || everything {
                 (&runs[..n], true)
             } else if l0_due {
                 let first = runs.iter().position(|r| r.level == Level::Wal);
@@ -383,11 +387,13 @@ impl Packer {
         }
     }
 
-    /// Packs at once everything still only in the WAL (a graceful stop: the next
-    /// incarnation, or the members taking the streams over, then read packs rather
-    /// than one WAL object per chunk).
+    /// Packs at once everything buffered, as final pieces (a graceful stop): each
+    /// stream's recent history, what is only in the WAL and its recent L0 pieces,
+    /// becomes one piece per MiB, so the next incarnation, or the member a stream is
+    /// handed to, reads it in a GET or two rather than one per WAL object or per
+    /// second of L0 packs.
     pub async fn pack_now(&self) {
-        self.recent.lock().expect("packer lock").unpacked_objects = usize::MAX;
+        self.recent.lock().expect("packer lock").everything = true;
         self.pass().await;
     }
 
@@ -741,6 +747,28 @@ mod tests {
             (0, 20, Level::L0)
         );
         assert_eq!(recent.bytes, 25);
+        assert!(recent.plan(&config(), 1 << 20, now).is_none());
+    }
+
+    #[test]
+    fn a_stop_writes_everything_buffered_as_final_pieces() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        let mut recent = recent_with(&[(1, 0, 10), (1, 10, 10), (2, 0, 5)], then);
+        // An L0 pass first: the runs stay buffered as L0, for L1 later.
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        recent.settle(&plan.done);
+        assert_eq!(recent.bytes, 25);
+        // Then a stop: the L0 runs, as L1 pieces that leave memory, long before
+        // they would be due.
+        recent.everything = true;
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 20)]);
+        assert_eq!(spans(&plan, 2), [(0, 5)]);
+        assert_eq!((plan.l0_pieces, plan.l1_pieces), (0, 2));
+        recent.settle(&plan.done);
+        assert_eq!(recent.bytes, 0);
+        assert!(!recent.everything, "once");
         assert!(recent.plan(&config(), 1 << 20, now).is_none());
     }
 
