@@ -47,28 +47,28 @@ impl TestCluster {
         reach: impl Fn(&str) -> String,
     ) -> TestCluster {
         let db = Database::create(tag).await;
-        let mut cluster = TestCluster {
-            meta_url: reach(&db.url),
-            db,
-            store: fresh_s3_url(tag),
-            nodes: Vec::new(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            dirs: Vec::new(),
-            haproxy: None,
-        };
-        for _ in 0..n {
-            cluster.add_node().await;
-        }
-        cluster
+        let meta_url = reach(&db.url);
+        TestCluster::start_with(db, meta_url, fresh_s3_url(tag), n, extra).await
     }
 
     /// `n` nodes on `db` and the prefix `store` as they already are (a cluster
     /// assembled by a move into the database), each with `extra` flags, all ready.
     pub async fn start_on(db: Database, store: &str, n: usize, extra: &[&str]) -> TestCluster {
+        let meta_url = db.url.clone();
+        TestCluster::start_with(db, meta_url, store.to_string(), n, extra).await
+    }
+
+    async fn start_with(
+        db: Database,
+        meta_url: String,
+        store: String,
+        n: usize,
+        extra: &[&str],
+    ) -> TestCluster {
         let mut cluster = TestCluster {
-            meta_url: db.url.clone(),
+            meta_url,
             db,
-            store: store.to_string(),
+            store,
             nodes: Vec::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             dirs: Vec::new(),

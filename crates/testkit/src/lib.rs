@@ -114,6 +114,20 @@ pub fn store_url_for(data_dir: &Path) -> String {
     }
 }
 
+/// Every key under a store URL's prefix, sorted.
+pub async fn store_keys(store_url: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    let store = picomq_engine::store::open(store_url).expect("open the test store");
+    let mut keys: Vec<String> = store
+        .list(None)
+        .map_ok(|o| o.location.to_string())
+        .try_collect()
+        .await
+        .expect("list the test store");
+    keys.sort();
+    keys
+}
+
 /// Polls `check` until it returns `Some`, or panics after `limit`.
 pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> T
 where

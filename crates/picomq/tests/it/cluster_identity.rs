@@ -9,7 +9,6 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use picomq_engine::store::{name as store_name, ObjectPath, ObjectStoreExt};
 use picomq_testkit as support;
 use support::cluster::TestCluster;
@@ -20,22 +19,9 @@ const LEASE: &[&str] = &["--lease", "2s"];
 /// A refusal needs the metadata and one or two requests to the bucket.
 const REFUSED_WITHIN: Duration = Duration::from_secs(30);
 
-/// Every key under a store URL's prefix.
-async fn keys(store_url: &str) -> Vec<String> {
-    let store = picomq_engine::store::open(store_url).expect("open the test store");
-    let mut keys: Vec<String> = store
-        .list(None)
-        .map_ok(|o| o.location.to_string())
-        .try_collect()
-        .await
-        .expect("list the test store");
-    keys.sort();
-    keys
-}
-
 /// The epoch claims under a store URL's prefix (one per member that ever started).
 async fn claims(store_url: &str) -> Vec<String> {
-    let mut all = keys(store_url).await;
+    let mut all = support::store_keys(store_url).await;
     all.retain(|k| k.starts_with("epochs/"));
     all
 }
@@ -78,7 +64,7 @@ async fn nodes_on_another_prefix_of_the_same_database_are_refused() {
         assert!(r.log.contains(named), "{named:?} not in:\n{}", r.log);
     }
     assert!(
-        keys(&typo).await.is_empty(),
+        support::store_keys(&typo).await.is_empty(),
         "nothing written to the typo's prefix"
     );
     // The cluster goes on, and shows what it is bound to.
@@ -201,7 +187,7 @@ async fn two_databases_racing_on_one_empty_prefix_leave_one_winner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_single_node_on_a_clusters_prefix_is_refused() {
     let cluster = TestCluster::start("idsingle", 1, LEASE).await;
-    let before = keys(&cluster.store).await;
+    let before = support::store_keys(&cluster.store).await;
     let dir = TempDir::new("idsingle-node");
     let args = ["--store".to_string(), cluster.store.clone()];
     let r = refused(&dir, &args);
@@ -212,7 +198,7 @@ async fn a_single_node_on_a_clusters_prefix_is_refused() {
         r.log
     );
     assert!(r.log.contains(&store_name(&cluster.store)), "{}", r.log);
-    let after = keys(&cluster.store).await;
+    let after = support::store_keys(&cluster.store).await;
     let new: Vec<&String> = after.iter().filter(|k| !before.contains(k)).collect();
     assert!(
         new.iter()

@@ -14,7 +14,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use picomq_engine::store::{ObjectPath, ObjectStoreExt};
 use picomq_testkit as support;
 use support::cli::{Cli, Run};
@@ -36,19 +35,6 @@ const STREAMS: &[&str] = &[
     "/m/fork",
     "/m/trimmed",
 ];
-
-/// Every key under a store URL's prefix.
-async fn keys(store_url: &str) -> Vec<String> {
-    let store = picomq_engine::store::open(store_url).expect("open the test store");
-    let mut keys: Vec<String> = store
-        .list(None)
-        .map_ok(|o| o.location.to_string())
-        .try_collect()
-        .await
-        .expect("list the test store");
-    keys.sort();
-    keys
-}
 
 /// The prefix's `identity.json`.
 async fn identity(store_url: &str) -> serde_json::Value {
@@ -378,23 +364,31 @@ async fn refused_moves_write_nothing() {
     let mut single = Server::start_process(dir.path(), &["--store", &prefix]).await;
     assert_eq!(status!(single.client.put("/s/one", &[TEXT], "one")), 201);
     let db = Database::create("mvrefused").await;
-    let before = keys(&prefix).await;
+    let before = support::store_keys(&prefix).await;
     let r = run_move(dir.path(), &prefix, &db.url, true).await;
     assert_refused(&r, "the single node still runs");
     assert!(r.stderr.contains(&format!("pid {}", single.pid())), "{r:?}");
     assert_untouched(&db).await;
     assert!(single.terminate(Duration::from_secs(30)).success());
-    let after_stop = keys(&prefix).await;
+    let after_stop = support::store_keys(&prefix).await;
     assert!(before.iter().all(|k| after_stop.contains(k)));
 
     // A prefix the node's metadata does not belong to: another single node's.
     let (other_dir, other) = stopped_single("mvother").await;
-    let other_keys = keys(&other).await;
+    let other_keys = support::store_keys(&other).await;
     let r = run_move(dir.path(), &other, &db.url, true).await;
     assert_refused(&r, "do not belong to each other");
     assert_untouched(&db).await;
-    assert_eq!(keys(&other).await, other_keys, "nothing written to it");
-    assert_eq!(keys(&prefix).await, after_stop, "nor to its own");
+    assert_eq!(
+        support::store_keys(&other).await,
+        other_keys,
+        "nothing written to it"
+    );
+    assert_eq!(
+        support::store_keys(&prefix).await,
+        after_stop,
+        "nor to its own"
+    );
     drop(other_dir);
 
     // A database a cluster uses: while its node runs, and after it stopped.
@@ -407,7 +401,11 @@ async fn refused_moves_write_nothing() {
     cluster.node_mut(0).stop().await;
     let r = run_move(dir.path(), &prefix, &cluster.db.url, true).await;
     assert_refused(&r, "is bound to cluster");
-    assert_eq!(keys(&prefix).await, after_stop, "the prefix is untouched");
+    assert_eq!(
+        support::store_keys(&prefix).await,
+        after_stop,
+        "the prefix is untouched"
+    );
     assert_eq!(identity(&prefix).await["metaKind"], "sqlite");
     let streams = "SELECT count(*)::text FROM streams";
     assert_eq!(cluster.db.scalar(streams).await.as_deref(), Some("1"));
@@ -423,7 +421,7 @@ async fn refused_moves_write_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_fails_with_a_clear_message() {
     let (dir, prefix) = stopped_single("mvbad").await;
-    let before = keys(&prefix).await;
+    let before = support::store_keys(&prefix).await;
     let db = Database::create("mvbad").await;
     let missing = dir.path().join("not-there");
     let r = run_move(&missing, &prefix, &db.url, true).await;
@@ -441,7 +439,11 @@ async fn bad_input_fails_with_a_clear_message() {
     let r = run_move(dir.path(), &prefix, unreachable, true).await;
     assert_refused(&r, "cannot connect");
     assert!(!r.stderr.contains("secret"), "{r:?}");
-    assert_eq!(keys(&prefix).await, before, "nothing written to the prefix");
+    assert_eq!(
+        support::store_keys(&prefix).await,
+        before,
+        "nothing written to the prefix"
+    );
     assert_untouched(&db).await;
     db.drop().await;
 }
