@@ -539,10 +539,19 @@ impl Packer {
             let rows = self.meta.rows_in_objects(newest).await?;
             objects.extend(group_by_object(rows, Level::L0));
         }
-        objects.extend(group_by_object(
-            self.meta.rows_in_wal_from(&from.wal, WARM_ROWS_MAX).await?,
-            Level::Wal,
-        ));
+        // Only that log's objects: the keys of later logs (another member's, this
+        // node's own next incarnation) sort after them, and what they hold is
+        // their writer's to pack; two packers relocating the same span would
+        // each replace the other's rows.
+        let epoch = crate::layout::parse_wal_key(&from.wal).map(|(e, _)| e);
+        let rows: Vec<IndexRow> = self
+            .meta
+            .rows_in_wal_from(&from.wal, WARM_ROWS_MAX)
+            .await?
+            .into_iter()
+            .filter(|r| crate::layout::parse_wal_key(&r.chunk.object_key).map(|(e, _)| e) == epoch)
+            .collect();
+        objects.extend(group_by_object(rows, Level::Wal));
         let n = objects.len();
         let mut tickets = cold.warming(objects.iter().map(|(key, _, _)| key.clone()));
         let budget = self.config.buffer_bytes_max / 2;
