@@ -164,18 +164,19 @@ impl Subscriptions {
         self.any.load(Ordering::Relaxed)
     }
 
+    /// The subscriptions in memory now (a copy: the lock is not held while they
+    /// are looked at).
+    fn all_registered(&self) -> Vec<Arc<Sub>> {
+        let subs = self.subs.lock().expect("subscriptions lock");
+        subs.values().cloned().collect()
+    }
+
     /// A write to stream `name` was acknowledged: wakes the subscriptions it concerns.
     pub fn on_write(&self, name: &str) {
         if !self.any.load(Ordering::Relaxed) || name.starts_with("__") {
             return;
         }
-        let subs: Vec<Arc<Sub>> = self
-            .subs
-            .lock()
-            .expect("subscriptions lock")
-            .values()
-            .cloned()
-            .collect();
+        let subs = self.all_registered();
         for sub in subs {
             if sub.concerns(name) {
                 sub.notify.notify_one();
@@ -812,13 +813,7 @@ impl Subscriptions {
                 None => break,
             }
         }
-        let subs: Vec<Arc<Sub>> = self
-            .subs
-            .lock()
-            .expect("subscriptions lock")
-            .values()
-            .cloned()
-            .collect();
+        let subs = self.all_registered();
         for sub in subs {
             if !self.serves(sub.name.as_str()) {
                 self.unregister(&sub);
