@@ -224,13 +224,7 @@ impl Engine {
             Some(_) => None,
             None => meta.watermark().await?,
         };
-        let warm_from = warm_from.map(|w| {
-            let back = 8 * config.pack.l0_objects_max as u64;
-            WarmFrom {
-                wal: crate::layout::wal_key(w.epoch, w.next_seq.saturating_sub(back)),
-                packs: crate::layout::segments_of(w.epoch),
-            }
-        });
+        let warm_from = warm_from.map(|w| WarmFrom::end_of_log(w.epoch, w.next_seq, &config.pack));
         let feed_packer = || -> indexer::OnApplied {
             match config.pack.interval {
                 Some(_) => {
@@ -317,12 +311,15 @@ impl Engine {
             let (service, node) = (self.service.clone(), Arc::downgrade(&self.node));
             let _ = takeover
                 .warm
-                .set(Box::new(move |from| match node.upgrade() {
-                    Some(node) => Engine {
-                        service: service.clone(),
-                        node,
+                .set(Box::new(move |epoch, end| match node.upgrade() {
+                    Some(node) => {
+                        let from = WarmFrom::end_of_log(epoch, end, &service.inner.config.pack);
+                        Engine {
+                            service: service.clone(),
+                            node,
+                        }
+                        .warm_up(from)
                     }
-                    .warm_up(from),
                     None => tokio::sync::oneshot::channel().1,
                 }));
         }

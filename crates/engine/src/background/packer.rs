@@ -514,6 +514,19 @@ pub struct WarmFrom {
     pub packs: String,
 }
 
+impl WarmFrom {
+    /// The recent history of `epoch`'s log, which ends before object `end`: its WAL
+    /// objects from `8 x l0_objects_max` before the end (rows already packed no
+    /// longer point there, so only what it had not packed is read) and its packs.
+    pub fn end_of_log(epoch: u64, end: u64, config: &PackConfig) -> WarmFrom {
+        let back = 8 * config.l0_objects_max as u64;
+        WarmFrom {
+            wal: crate::layout::wal_key(epoch, end.saturating_sub(back)),
+            packs: crate::layout::segments_of(epoch),
+        }
+    }
+}
+
 impl Packer {
     /// After a restart: the recent history of the last incarnation, its newest packs
     /// (up to [`WARM_PACKS_MAX`]) and what it had not packed yet (WAL objects near

@@ -25,7 +25,6 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::Cluster;
-use crate::background::packer::WarmFrom;
 use crate::error::Result;
 use crate::indexer::OnApplied;
 use crate::layout;
@@ -37,8 +36,6 @@ use crate::wal::format::SEAL_MAGIC;
 const APPLY_BATCH: usize = 64;
 /// WAL objects fetched at once while the log is replayed.
 const FETCH_AHEAD: usize = 16;
-/// A log's objects not packed yet, about (the packer's `l0_objects_max` default).
-const WARM_BACK_OBJECTS: u64 = 256;
 
 pub(crate) struct Takeover {
     pub(crate) cluster: Arc<Cluster>,
@@ -51,8 +48,9 @@ pub(crate) struct Takeover {
     pub(crate) warm: std::sync::OnceLock<Warm>,
 }
 
-/// Starts a warm-up from `WarmFrom`; the receiver answers once it is in the cache.
-pub(crate) type Warm = Box<dyn Fn(WarmFrom) -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
+/// Starts a warm-up of the recent history of log `epoch`, which ends before object
+/// `end` (`WarmFrom::end_of_log`); the receiver answers once it is in the cache.
+pub(crate) type Warm = Box<dyn Fn(u64, u64) -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
 
 impl Takeover {
     /// Takes `dead` over if it is still up for it; the objects indexed, or `None`
@@ -107,12 +105,7 @@ impl Takeover {
         // most: the first reads of its streams through this node find it there, and
         // its WAL data is packed at once.
         if let Some(warm) = self.warm.get() {
-            let back = 8 * WARM_BACK_OBJECTS;
-            let warmed = warm(WarmFrom {
-                wal: layout::wal_key(dead, applied.saturating_sub(back)),
-                packs: layout::segments_of(dead),
-            });
-            let _ = tokio::time::timeout(crate::node::WARM_WAIT, warmed).await;
+            let _ = tokio::time::timeout(crate::node::WARM_WAIT, warm(dead, seq)).await;
         }
         c.coord.finish_takeover(c.epoch, dead).await?;
         c.stats.takeovers.inc();
