@@ -232,7 +232,12 @@ run() { # TARGET RESTART AGE
   if [ "$target" = cluster ]; then
     base=$TAKER_URL
     # Until the taker serves stream 0 itself (a takeover waits out the lease).
-    until [ "$(served_by "$base${prefix}0")" = "200 taker" ]; do sleep 0.02; done
+    local waited
+    for ((waited = 0; waited < 6000; waited++)); do
+      [ "$(served_by "$base${prefix}0")" = "200 taker" ] && break
+      sleep 0.02
+    done
+    [ "$(served_by "$base${prefix}0")" = "200 taker" ] || { echo "the taker did not serve stream 0 within 120 s" >&2; return 1; }
     SERVER_PID=$TAKER_PID
   else
     serve "$target" "$dir" "$port" read
