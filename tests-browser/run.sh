@@ -13,7 +13,15 @@ if [ "${2:-}" = "--screenshots" ]; then DOCS=$(mkdir -p "$3" && cd "$3" && pwd);
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/picomq-browser.XXXXXX")
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
+# The server writes its last objects on SIGTERM: wait for every process to end before
+# removing the directory it writes into.
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 
 cache=$(bash "$HERE/setup.sh")
 
