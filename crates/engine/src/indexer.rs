@@ -115,6 +115,7 @@ pub fn spawn(
             }
             // The objects are durable; the index must follow. Retry until it does.
             let mut backoff = Duration::from_millis(10);
+            crate::failpoint::pause("index-before-apply").await;
             while let Err(e) = meta.apply(&batch).await {
                 if matches!(e, EngineError::Fenced) {
                     // Another member took the log over and indexes it from the

@@ -82,6 +82,11 @@ impl TestCluster {
 
     /// Starts one more node (it joins and takes its share).
     pub async fn add_node(&mut self) -> usize {
+        self.add_node_with_env(&[]).await
+    }
+
+    /// [`TestCluster::add_node`] with extra environment variables for that node.
+    pub async fn add_node_with_env(&mut self, env: &[(&str, &str)]) -> usize {
         let i = self.nodes.len();
         let dir = TempDir::new(&format!("cluster-node-{}", i + 1));
         let node_id = format!("node-{}", i + 1);
@@ -95,7 +100,7 @@ impl TestCluster {
         ];
         args.extend(self.extra.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let server = Server::start_process(dir.path(), &args).await;
+        let server = Server::start_process_env(dir.path(), &args, env).await;
         self.dirs.push(dir);
         self.nodes.push(server);
         i

@@ -252,7 +252,21 @@ impl Service {
     }
 
     /// Fork pins on `source_id` that a delete must count as forks.
-    pub(crate) fn fork_pins(&self, source_id: u64) -> u64 {
+    /// Forks that read `source_id` (served here; the caller holds the lifecycle lock):
+    /// those the metadata knows plus the pins of forks still being created on other
+    /// members. The pins are counted **first**: under the lock no pin can be added,
+    /// and a member releases its pin only after its fork's row is committed, so a
+    /// pin gone by now is a row the metadata query that follows sees. Read the other
+    /// way round, a query that started just before that commit and a release that
+    /// landed during it counted the fork in neither, and the source was deleted hard
+    /// under a fork that exists.
+    pub(crate) async fn forks_of(&self, source_id: u64) -> Result<u64> {
+        let pins = self.fork_pins(source_id);
+        crate::failpoint::pause("between-fork-counts").await;
+        Ok(pins + self.inner.meta.fork_count(source_id).await?)
+    }
+
+    fn fork_pins(&self, source_id: u64) -> u64 {
         self.cluster_side()
             .map_or(0, |s| s.live_pins(source_id) as u64)
     }
@@ -379,9 +393,7 @@ impl Service {
         let Some(source) = self.lookup_id(source_id).await? else {
             return Ok(());
         };
-        if source.view().lifecycle != Lifecycle::SoftDeleted
-            || self.inner.meta.fork_count(source_id).await? > 0
-            || self.fork_pins(source_id) > 0
+        if source.view().lifecycle != Lifecycle::SoftDeleted || self.forks_of(source_id).await? > 0
         {
             return Ok(());
         }

@@ -173,15 +173,28 @@ impl Service {
             self.fork_from(req, f, &mut shape, lifecycle_held).await?;
         }
         let json = domain::is_json(&shape.content_type);
-        let records = if req.body.is_empty() {
-            Vec::new()
-        } else if json {
-            json_records(&req.body, true)?
-        } else {
-            vec![req.body.clone()]
+        let prepared = async {
+            let records = if req.body.is_empty() {
+                Vec::new()
+            } else if json {
+                json_records(&req.body, true)?
+            } else {
+                vec![req.body.clone()]
+            };
+            self.check_capacity()?;
+            Ok::<_, EngineError>((records, self.new_stream_id().await?))
         };
-        self.check_capacity()?;
-        let id = self.new_stream_id().await?;
+        let (records, id) = match prepared.await {
+            Ok(p) => p,
+            Err(e) => {
+                // A pin left behind would count as a fork of the source for its whole
+                // lifetime: a delete of the source meanwhile would be soft for good.
+                if let Some((url, source_id, pin)) = shape.pin.take() {
+                    self.unpin_remote_fork(url, source_id, pin);
+                }
+                return Err(e);
+            }
+        };
         let created_ms = self.inner.clock.now_ms();
         let handle = self.new_handle(id, req, &shape, json, created_ms, term);
         // Before the stream is registered: once it is evicted, lookups find it

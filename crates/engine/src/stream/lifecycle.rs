@@ -34,9 +34,7 @@ impl Service {
         let mut went_dormant = 0;
         loop {
             self.index_barrier().await?;
-            let forks = self.inner.meta.fork_count(handle.config.id).await?
-                + self.fork_pins(handle.config.id);
-            let soft = forks > 0;
+            let soft = self.forks_of(handle.config.id).await? > 0;
             let op_no = {
                 let mut st = handle.lock();
                 if st.lifecycle == Lifecycle::Deleted {
@@ -91,8 +89,7 @@ impl Service {
                 return Ok(());
             }
             if source.view().lifecycle != Lifecycle::SoftDeleted
-                || self.inner.meta.fork_count(source.config.id).await? > 0
-                || self.fork_pins(source.config.id) > 0
+                || self.forks_of(source.config.id).await? > 0
             {
                 return Ok(());
             }

@@ -362,6 +362,79 @@ async fn forks_in_both_directions_at_once_never_wait_on_each_other() {
     cluster.shut_down().await;
 }
 
+/// A delete of a source served by one node while a fork of it, served by the
+/// other, is still being indexed: the fork is counted (soft delete, 410), whether
+/// the source's owner still holds its pin or the fork's row has landed. Every index
+/// write is held back 2 s and the delete waits 3 s between its two counts, so the
+/// fork's row commits and its pin is released between them: counted metadata
+/// first, pins second, as before, the delete saw neither and went hard (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_deleted_while_its_fork_is_being_indexed_is_deleted_soft() {
+    let mut cluster = TestCluster::start("fork-race", 0, &["--lease", "5s"]).await;
+    let pauses = [(
+        "PICOMQ_FAILPOINT_PAUSES",
+        "index-before-apply=2000,between-fork-counts=3000",
+    )];
+    cluster.add_node_with_env(&pauses).await;
+    cluster.add_node_with_env(&pauses).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(60)).await;
+    let c = cluster.node(0).client.clone();
+    let text = [("content-type", "text/plain")];
+    let mut crossed = 0;
+    for i in 0..12 {
+        let (source, fork) = (format!("/race/s{i}"), format!("/race/f{i}"));
+        let r = put_until_not_503(&c, &source, &text, "abc").await;
+        assert_eq!(r.status.as_u16(), 201, "{}", r.text());
+        let source_owner = served_by(&r);
+        // The source's row is in the index before the fork is made.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let headers = [
+            ("content-type", "text/plain"),
+            ("stream-forked-from", source.as_str()),
+        ];
+        let f = put_until_not_503(&c, &fork, &headers, "").await;
+        assert_eq!(f.status.as_u16(), 201, "{fork}: {}", f.text());
+        let crossing = served_by(&f) != source_owner;
+        let d = c.delete(&source).await.unwrap();
+        assert_eq!(d.status.as_u16(), 204, "{source}: {}", d.text());
+        // Soft: the source answers 410 and its name cannot be taken again.
+        let g = c.get(&format!("{source}?offset=-1")).await.unwrap();
+        assert_eq!(
+            g.status.as_u16(),
+            410,
+            "{source} (fork on {}, source on {source_owner}) was deleted hard under its fork",
+            served_by(&f)
+        );
+        assert_eq!(support::read_all(&c, &fork).await, b"abc", "{fork}");
+        // The last fork gone, the source goes with it.
+        assert_eq!(c.delete(&fork).await.unwrap().status.as_u16(), 204);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let g = c.get(&format!("{source}?offset=-1")).await.unwrap();
+            if g.status.as_u16() == 404 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{source} outlived its last fork: {}",
+                g.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if crossing {
+            crossed += 1;
+            if crossed == 3 {
+                break;
+            }
+        }
+    }
+    assert!(
+        crossed > 0,
+        "no fork landed on another node than its source"
+    );
+    cluster.shut_down().await;
+}
+
 /// One writer's stream and what it was told.
 struct Writer {
     path: String,
