@@ -57,7 +57,10 @@ pub struct EngineConfig {
     pub append_timeout: Duration,
     /// Largest body of one append (or of a create's initial content).
     pub append_bytes_max: usize,
-    /// Largest response body of one catch-up read.
+    /// Largest response body of one catch-up read. The body references the bytes the
+    /// caches hold rather than copying them (records under 8 KiB are gathered 64 KiB
+    /// at a time as the socket takes them), so a large cap costs few requests, not
+    /// memory per response.
     pub read_bytes_max: usize,
     /// Recent durable bytes kept in memory per active stream.
     pub tail_cache_bytes_per_stream: usize,
@@ -208,7 +211,7 @@ impl Default for EngineConfig {
             wal: WalConfig::default(),
             append_timeout: Duration::from_secs(10),
             append_bytes_max: 8 << 20,
-            read_bytes_max: 1 << 20,
+            read_bytes_max: 16 << 20,
             tail_cache_bytes_per_stream: 256 << 10,
             active_streams_max: 100_000,
             dormancy: Duration::from_secs(60),

@@ -3,6 +3,10 @@
 //! other bytes, so entries need no invalidation; chunks of deleted objects simply
 //! age out. Entries are keyed by `(object key, byte offset)` of the chunk.
 //!
+//! It holds only chunks known to be intact: fetched ones whose checksum was verified
+//! on the way in (`cold`), and the ones this node wrote (packer, compaction). So a
+//! hit is decoded without checksumming it again.
+//!
 //! A readahead GET fetches several adjacent chunks in one request and inserts each
 //! as a slice of the same buffer, so the cache can hold a buffer a little longer
 //! than its accounted bytes say (until its last slice leaves).

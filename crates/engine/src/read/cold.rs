@@ -219,8 +219,8 @@ impl ColdReader {
                     self.read_ahead(&rows[i..]);
                     return Ok(());
                 }
-                let bytes = match self.chunk_bytes(&rows, i, deadline).await {
-                    Ok(bytes) => bytes,
+                let chunk = match self.chunk_bytes(&rows, i, deadline).await {
+                    Ok(chunk) => chunk,
                     Err(Miss::Late) => {
                         out.partial = true;
                         return Ok(());
@@ -244,7 +244,7 @@ impl ColdReader {
                         )));
                     }
                 };
-                if !take_records(&rows[i], &bytes, out, until, budget)? {
+                if !take_records(&rows[i], &chunk, out, until, budget)? {
                     self.read_ahead(&rows[i..]);
                     return Ok(());
                 }
@@ -261,17 +261,21 @@ impl ColdReader {
         rows: &[ChunkRow],
         i: usize,
         deadline: Instant,
-    ) -> std::result::Result<Bytes, Miss> {
+    ) -> std::result::Result<Chunk, Miss> {
         let row = &rows[i];
+        let hit = |bytes| Chunk {
+            bytes,
+            checked: true,
+        };
         if let Some(bytes) = self.inner.cache.get(&row.object_key, row.byte_range.start) {
-            return Ok(bytes);
+            return Ok(hit(bytes));
         }
         if let Some(warming) = self.warming_of(&row.object_key) {
             if tokio::time::timeout_at(deadline, warming).await.is_err() {
                 return Err(Miss::Late);
             }
             if let Some(bytes) = self.inner.cache.get(&row.object_key, row.byte_range.start) {
-                return Ok(bytes);
+                return Ok(hit(bytes));
             }
         }
         // Without a cache, windows beyond the one asked for would be thrown away.
@@ -290,8 +294,12 @@ impl ColdReader {
             Ok(Err(e)) => Err(Miss::Store(e)),
             Ok(Ok(w)) => {
                 let r = &row.byte_range;
-                Ok(w.bytes
-                    .slice((r.start - w.base) as usize..(r.end - w.base) as usize))
+                Ok(Chunk {
+                    bytes: w
+                        .bytes
+                        .slice((r.start - w.base) as usize..(r.end - w.base) as usize),
+                    checked: false,
+                })
             }
         }
     }
@@ -373,8 +381,8 @@ impl ColdReader {
             return Ok(pos);
         };
         let no_deadline = Instant::now() + std::time::Duration::from_secs(3600);
-        let bytes = match self.chunk_bytes(&rows, 0, no_deadline).await {
-            Ok(bytes) => bytes,
+        let chunk = match self.chunk_bytes(&rows, 0, no_deadline).await {
+            Ok(chunk) => chunk,
             Err(Miss::Late) => return Ok(row.start),
             Err(Miss::Store(e)) => {
                 trimmed_under(stream, pos)?;
@@ -384,8 +392,7 @@ impl ColdReader {
                 )));
             }
         };
-        let (_, ops) = format::decode_chunk(&bytes)
-            .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
+        let ops = chunk.decode(row)?;
         let mut begins = row.start;
         for op in ops {
             let Op::Append(a) = op else { continue };
@@ -419,12 +426,37 @@ impl Inner {
                 (r.byte_range.start - range.start) as usize
                     ..(r.byte_range.end - range.start) as usize,
             );
-            self.cache.insert(&r.object_key, r.byte_range.start, piece);
+            // The cache holds only checked chunks: a hit is not checksummed again. A
+            // piece that fails stays out, and its reader meets the error on decoding.
+            if format::verify_chunk(&piece).is_ok() {
+                self.cache.insert(&r.object_key, r.byte_range.start, piece);
+            }
         }
         Ok(Window {
             base: range.start,
             bytes,
         })
+    }
+}
+
+/// One chunk's bytes, and whether they were checked (a block cache hit: the cache
+/// holds only chunks whose checksum was verified when they went in, or that this
+/// node encoded itself) or still need their checksum verified (fresh from a GET).
+struct Chunk {
+    bytes: Bytes,
+    checked: bool,
+}
+
+impl Chunk {
+    fn decode(&self, row: &ChunkRow) -> Result<Vec<Op>> {
+        let decoded = if self.checked {
+            format::decode_verified_chunk(&self.bytes)
+        } else {
+            format::decode_chunk(&self.bytes)
+        };
+        decoded
+            .map(|(_, ops)| ops)
+            .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))
     }
 }
 
@@ -447,13 +479,12 @@ fn window_end(rows: &[ChunkRow], j: usize, limit: u64) -> usize {
 /// the budget is spent (at the start of an append: a read never ends inside one).
 fn take_records(
     row: &ChunkRow,
-    bytes: &Bytes,
+    chunk: &Chunk,
     out: &mut ReadChunk,
     until: Offset,
     budget: &mut usize,
 ) -> Result<bool> {
-    let (_, ops) = format::decode_chunk(bytes)
-        .map_err(|e| EngineError::Internal(format!("{}: {e}", row.object_key)))?;
+    let ops = chunk.decode(row)?;
     for op in ops {
         let Op::Append(a) = op else { continue };
         let mut pos = a.start;
@@ -540,7 +571,10 @@ mod tests {
         let cold = cold.clone();
         tokio::spawn(async move {
             let deadline = Instant::now() + std::time::Duration::from_secs(10);
-            cold.chunk_bytes(&[row()], 0, deadline).await.ok()
+            cold.chunk_bytes(&[row()], 0, deadline)
+                .await
+                .ok()
+                .map(|c| c.bytes)
         })
     }
 

@@ -501,6 +501,12 @@ fn chunk_len(object: &Bytes, pos: usize) -> Result<usize, FormatError> {
 /// Decodes one chunk (header included), verifying its checksum. Record payloads are
 /// zero-copy slices of `chunk`.
 pub fn decode_chunk(chunk: &Bytes) -> Result<(u64, Vec<Op>), FormatError> {
+    verify_chunk(chunk)?;
+    decode_verified_chunk(chunk)
+}
+
+/// Checks one chunk's length and checksum (what [`decode_chunk`] checks first).
+pub fn verify_chunk(chunk: &[u8]) -> Result<(), FormatError> {
     if chunk.len() < CHUNK_HEADER_LEN + 12 {
         return Err(FormatError("chunk too short"));
     }
@@ -509,10 +515,20 @@ pub fn decode_chunk(chunk: &Bytes) -> Result<(u64, Vec<Op>), FormatError> {
     if chunk.len() != CHUNK_HEADER_LEN + body_len {
         return Err(FormatError("chunk length mismatch"));
     }
-    let body = chunk.slice(CHUNK_HEADER_LEN..);
-    if crc32c::crc32c(&body) != crc {
+    if crc32c::crc32c(&chunk[CHUNK_HEADER_LEN..]) != crc {
         return Err(FormatError("chunk checksum mismatch"));
     }
+    Ok(())
+}
+
+/// Decodes a chunk already checked by [`verify_chunk`] (the block cache holds only
+/// such chunks, so a cache hit is not checksummed again). Its structure is still
+/// parsed defensively: a malformed op is an error, never a panic.
+pub fn decode_verified_chunk(chunk: &Bytes) -> Result<(u64, Vec<Op>), FormatError> {
+    if chunk.len() < CHUNK_HEADER_LEN + 12 {
+        return Err(FormatError("chunk too short"));
+    }
+    let body = chunk.slice(CHUNK_HEADER_LEN..);
     let mut r = Reader { buf: body, pos: 0 };
     let stream_id = r.u64()?;
     let count = r.u32()? as usize;

@@ -161,13 +161,13 @@ pub async fn get(
         OffsetQuery::Start if from > picomq_engine::Offset::ZERO => from.to_string(),
         _ => offset_param.to_string(),
     };
-    Ok(chunk_response(&stream, &chunk, &requested, cursor, headers))
+    Ok(chunk_response(&stream, chunk, &requested, cursor, headers))
 }
 
 /// A read's 200 (or 304 when the client holds this very chunk).
 fn chunk_response(
     stream: &StreamRef,
-    chunk: &ReadChunk,
+    chunk: ReadChunk,
     requested: &str,
     cursor: Option<u64>,
     headers: &HeaderMap,
@@ -215,7 +215,8 @@ fn chunk_response(
     if let Some(c) = cursor.filter(|_| !chunk.closed) {
         r = r.header(STREAM_CURSOR, c);
     }
-    r.body(Body::from(body_of(chunk))).expect("valid response")
+    r.body(Body::new(FramesBody::new(chunk.segments, chunk.json)))
+        .expect("valid response")
 }
 
 /// `offset=now` catch-up: no data, just where the tail is.
@@ -233,6 +234,106 @@ fn now_response(stream: &StreamRef) -> Response<Body> {
     }
     r.body(Body::from(if json { "[]" } else { "" }))
         .expect("valid response")
+}
+
+/// Records at least this large go to the socket as they are, shared with the cache
+/// that holds them; smaller ones are copied together into frames of about
+/// [`FRAME_BYTES`] (a frame per 100-byte record would cost more than the copy).
+const SHARED_SEGMENT_BYTES: usize = 8 * 1024;
+const FRAME_BYTES: usize = 64 * 1024;
+
+/// A catch-up read's body (the same bytes as [`body_of`], with an exact length) as
+/// frames made while the socket takes them: large records go out as the shared
+/// slices they are, small ones are gathered a frame at a time. A response of many
+/// MiB costs no buffer of its own, only references to bytes the caches hold.
+struct FramesBody {
+    segments: std::vec::IntoIter<Bytes>,
+    json: bool,
+    /// JSON: the `[` is out / the `]` is out.
+    opened: bool,
+    closed: bool,
+    /// JSON: the next segment takes a `,` before it.
+    comma: bool,
+    remaining: u64,
+}
+
+impl FramesBody {
+    fn new(segments: Vec<Bytes>, json: bool) -> FramesBody {
+        let data: u64 = segments.iter().map(|s| s.len() as u64).sum();
+        let framing = if json {
+            2 + segments.len().saturating_sub(1) as u64
+        } else {
+            0
+        };
+        FramesBody {
+            segments: segments.into_iter(),
+            json,
+            opened: !json,
+            closed: !json,
+            comma: false,
+            remaining: data + framing,
+        }
+    }
+
+    /// The next frame, `None` at the end.
+    fn next_frame(&mut self) -> Option<Bytes> {
+        let mut pending = BytesMut::new();
+        if !self.opened {
+            self.opened = true;
+            pending.put_u8(b'[');
+        }
+        while pending.len() < FRAME_BYTES {
+            let Some(seg) = self.segments.as_slice().first() else {
+                break;
+            };
+            let large = seg.len() >= SHARED_SEGMENT_BYTES;
+            if !large && pending.capacity() < FRAME_BYTES {
+                pending.reserve(FRAME_BYTES);
+            }
+            if self.comma {
+                self.comma = false;
+                pending.put_u8(b',');
+            }
+            if large && !pending.is_empty() {
+                break; // the gathered bytes go first, the shared slice next time
+            }
+            let seg = self.segments.next().expect("peeked");
+            self.comma = self.json;
+            if large {
+                return Some(seg);
+            }
+            pending.put_slice(&seg);
+        }
+        if self.segments.as_slice().is_empty() && !self.closed {
+            self.closed = true;
+            pending.put_u8(b']');
+        }
+        (!pending.is_empty()).then(|| pending.freeze())
+    }
+}
+
+impl hyper::body::Body for FramesBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let next = self.next_frame();
+        if let Some(f) = &next {
+            self.remaining -= f.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|f| Ok(hyper::body::Frame::data(f))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// The response body of a read: the bytes, or for JSON streams a JSON array of the
@@ -258,4 +359,79 @@ pub fn body_of(chunk: &ReadChunk) -> Bytes {
         }
     }
     out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(segments: &[Bytes], json: bool) -> (Vec<Bytes>, u64) {
+        let mut body = FramesBody::new(segments.to_vec(), json);
+        let exact = body.remaining;
+        let mut out = Vec::new();
+        while let Some(f) = body.next_frame() {
+            out.push(f);
+        }
+        assert_eq!(body.remaining, exact, "next_frame does not count");
+        (out, exact)
+    }
+
+    fn chunk(segments: &[Bytes], json: bool) -> ReadChunk {
+        let mut c = ReadChunk::empty(picomq_engine::Offset::ZERO, json);
+        c.segments = segments.to_vec();
+        c
+    }
+
+    #[test]
+    fn frames_carry_the_same_bytes_as_one_body_with_large_records_shared() {
+        let small = |n: usize, b: u8| Bytes::from(vec![b; n]);
+        let large = Bytes::from(vec![b'L'; SHARED_SEGMENT_BYTES * 3]);
+        let shapes: Vec<Vec<Bytes>> = vec![
+            vec![],
+            vec![small(5, b'a')],
+            vec![large.clone()],
+            vec![small(3, b'a'), large.clone(), small(4, b'b')],
+            vec![large.clone(), large.clone()],
+            (0..3000)
+                .map(|i| small(100, b'0' + (i % 10) as u8))
+                .collect(),
+            (0..40)
+                .map(|i| {
+                    if i % 7 == 0 {
+                        large.clone()
+                    } else {
+                        small(1000, b'x')
+                    }
+                })
+                .collect(),
+        ];
+        for segments in &shapes {
+            for json in [false, true] {
+                let (out, exact) = frames(segments, json);
+                let joined: Vec<u8> = out.iter().flat_map(|f| f.iter().copied()).collect();
+                let whole = body_of(&chunk(segments, json));
+                assert_eq!(
+                    joined,
+                    &whole[..],
+                    "json {json}, {} segments",
+                    segments.len()
+                );
+                assert_eq!(exact, whole.len() as u64);
+                assert!(out.iter().all(|f| !f.is_empty()));
+                assert!(
+                    out.iter()
+                        .all(|f| f.len() <= FRAME_BYTES + SHARED_SEGMENT_BYTES
+                            || f.len() == large.len()),
+                    "frames stay small unless shared"
+                );
+                // Large records are the very slices the read returned, not copies.
+                let shared = out
+                    .iter()
+                    .filter(|f| f.len() == large.len() && f.as_ptr() == large.as_ptr())
+                    .count();
+                let expected = segments.iter().filter(|s| s.len() == large.len()).count();
+                assert_eq!(shared, expected);
+            }
+        }
+    }
 }

@@ -22,6 +22,10 @@ use crate::auth::{Auth, Principal};
 use crate::cursor::next_cursor;
 use crate::headers::STREAM_SSE_DATA_ENCODING;
 
+/// Data one SSE event carries at most: an event is built whole (and base64-encoded for
+/// binary streams) before it is sent, so it stays small whatever `--max-read-bytes` is.
+const SSE_READ_BYTES: usize = 1 << 20;
+
 #[derive(Clone, Copy)]
 enum Encoding {
     Text,
@@ -204,7 +208,7 @@ impl Pump {
             .read(
                 &self.stream,
                 self.offset,
-                app.engine.config().read_bytes_max,
+                app.engine.config().read_bytes_max.min(SSE_READ_BYTES),
             )
             .await?;
         // The data event and its control event go out as one body chunk: one write,
