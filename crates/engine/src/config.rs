@@ -166,6 +166,13 @@ pub struct PackConfig {
     pub l1_delay: Duration,
     /// Record bytes held for packing, at most; past it the oldest are let go.
     pub buffer_bytes_max: usize,
+    /// Packs go into the block cache as they are written, so readers of recent
+    /// history find them there rather than asking the store. Worth its memory only
+    /// where a read of the store costs a round trip: off for local directories and
+    /// memory stores (a read there copies from the page cache), on for S3-like ones.
+    /// Off, only the packs of data the cache held under its old place go in (what
+    /// a restart's warm-up read back).
+    pub write_through: bool,
 }
 
 impl Default for PackConfig {
@@ -177,6 +184,7 @@ impl Default for PackConfig {
             piece_bytes: 1 << 20,
             l1_delay: Duration::from_secs(60),
             buffer_bytes_max: 64 << 20,
+            write_through: true,
         }
     }
 }

@@ -298,6 +298,10 @@ impl Config {
         engine.store_name = picomq_engine::store::name(&self.store_url()?);
         let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
         let local = local(&self.store_url()?) && self.wal_store.as_deref().is_none_or(local);
+        // Packs written through into the block cache save a GET of a remote store;
+        // reading a local file back costs a copy from the page cache, not a round
+        // trip, and a second copy of every pack in memory would cost more.
+        engine.pack.write_through = !local || self.store_latency.is_some();
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
             Some(rate) => rate,
             // The local store's requests are reads and writes of local files: only
@@ -333,6 +337,25 @@ mod tests {
         assert_eq!(budget("s3://bucket/prefix", None, None), 50.0);
         assert_eq!(budget("file:///x", Some("s3://wal"), None), 50.0);
         assert_eq!(budget("file:///x", None, Some(7.0)), 7.0);
+    }
+
+    #[test]
+    fn packs_go_into_the_block_cache_only_where_the_store_is_remote() {
+        let through = |store: &str, wal_store: Option<&str>, latency: Option<u64>| {
+            let config = Config {
+                store: Some(store.into()),
+                wal_store: wal_store.map(str::to_string),
+                store_latency: latency.map(Duration::from_millis),
+                ..Config::default()
+            };
+            config.engine_config().unwrap().pack.write_through
+        };
+        assert!(!through("file:///var/lib/picomq/objects", None, None));
+        assert!(!through("memory://", None, None));
+        assert!(through("s3://bucket/prefix", None, None));
+        assert!(through("file:///x", Some("s3://wal"), None));
+        // Injected latency stands for a remote store.
+        assert!(through("file:///x", None, Some(20)));
     }
 
     #[test]

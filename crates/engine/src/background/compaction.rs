@@ -528,6 +528,8 @@ pub(crate) struct Piece {
     pub(crate) ops: Vec<Op>,
     pub(crate) bytes: usize,
     pub(crate) last_ts_ms: u64,
+    /// Its data is in the block cache under its old place (see the packer).
+    pub(crate) cached: bool,
 }
 
 /// Cuts one stream's rows (offset order, with their chunk bytes) into pieces of at
@@ -581,6 +583,7 @@ fn pieces(stream_id: u64, rows: &[(IndexRow, Bytes)], max: usize) -> Result<Vec<
                 ops: appends,
                 bytes: size,
                 last_ts_ms,
+                cached: false,
             }),
         }
     }
@@ -691,6 +694,7 @@ mod tests {
             ops: Vec::new(),
             bytes: 10,
             last_ts_ms: 0,
+            cached: false,
         };
         let objects = split((0..5).map(|i| piece(i * 10)).collect(), 25);
         let sizes: Vec<usize> = objects.iter().map(|o| o.len()).collect();

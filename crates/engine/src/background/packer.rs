@@ -63,6 +63,10 @@ struct Run {
     level: Level,
     /// When its oldest data entered the buffer.
     since: Instant,
+    /// Its chunks are in the block cache under their old place (the warm-up put
+    /// them there): its pack goes there too, or readers would miss the cache for
+    /// bytes it held a moment before.
+    cached: bool,
 }
 
 #[derive(Default)]
@@ -284,7 +288,8 @@ pub struct Packer {
     config: PackConfig,
     /// Where what a pack holds goes as it is written (the cold reads' block cache):
     /// a relocation moves rows to the pack, and readers of them, after a restart's
-    /// warm-up above all, find them there rather than cold.
+    /// warm-up above all, find them there rather than cold. Every pack with
+    /// `write_through` (remote stores), else only those of cached runs.
     cache: Option<Arc<BlockCache>>,
     recent: Mutex<Recent>,
     /// One pass at a time (the scheduled one and the warm-up's).
@@ -405,9 +410,13 @@ impl Packer {
         let mut relocations = Vec::new();
         let max = self.compactor.config().object_bytes_max;
         for object in split(pieces, max) {
+            // Into the cache where a read of the store costs a round trip, and
+            // anywhere for what the cache held under its old place.
+            let through = self.config.write_through || object.iter().any(|p| p.cached);
+            let cache = self.cache.as_deref().filter(|_| through);
             relocations.extend(
                 self.compactor
-                    .write_object(object, &mut report, false, self.cache.as_deref())
+                    .write_object(object, &mut report, false, cache)
                     .await?,
             );
         }
@@ -453,6 +462,7 @@ fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
                     last_ts_ms,
                     level: Level::Wal,
                     since: now,
+                    cached: false,
                 })
             }
         }
@@ -475,6 +485,7 @@ fn merge(runs: Vec<Run>, level: Level) -> Run {
         first.bytes += r.bytes;
         first.last_ts_ms = first.last_ts_ms.max(r.last_ts_ms);
         first.ops.extend(r.ops);
+        first.cached |= r.cached;
     }
     first.level = level;
     first
@@ -492,6 +503,7 @@ fn pieces_of(stream_id: u64, runs: &[Run], max: usize) -> Vec<Piece> {
                 p.bytes += run.bytes;
                 p.last_ts_ms = p.last_ts_ms.max(run.last_ts_ms);
                 p.ops.extend(run.ops.iter().cloned());
+                p.cached |= run.cached;
             }
             _ => out.push(Piece {
                 stream_id,
@@ -500,6 +512,7 @@ fn pieces_of(stream_id: u64, runs: &[Run], max: usize) -> Vec<Piece> {
                 ops: run.ops.clone(),
                 bytes: run.bytes,
                 last_ts_ms: run.last_ts_ms,
+                cached: run.cached,
             }),
         }
     }
@@ -604,6 +617,7 @@ impl Packer {
                     .map_err(|e| EngineError::Internal(format!("{key}: {e}")))?;
                 if let Some(mut run) = run_of(ops.iter(), now) {
                     run.level = level;
+                    run.cached = true;
                     warmed += run.bytes;
                     runs.push((row.stream_id, run));
                 }
@@ -817,6 +831,21 @@ mod tests {
         recent.settle(&plan.done);
         let left: Vec<u64> = recent.streams[&1].iter().map(|r| r.start.0).collect();
         assert_eq!(left, [200]);
+    }
+
+    #[test]
+    fn a_piece_is_cached_if_any_of_its_runs_was_warmed_into_the_cache() {
+        let now = Instant::now();
+        // Each stream has a piece's worth (100 bytes), due at once.
+        let mut recent = recent_with(&[(1, 0, 50), (1, 50, 50), (2, 0, 100)], now);
+        recent.streams.get_mut(&1).unwrap()[1].cached = true;
+        let plan = recent.plan(&config(), 100, now).unwrap();
+        let cached: Vec<(u64, bool)> = plan
+            .pieces
+            .iter()
+            .map(|p| (p.stream_id, p.cached))
+            .collect();
+        assert_eq!(cached, [(1, true), (2, false)]);
     }
 
     #[test]
