@@ -412,7 +412,18 @@ impl Compactor {
         };
         let n = self.next_object.fetch_add(1, Ordering::Relaxed);
         let key = layout::segment_key(epoch, seq, n);
-        let mut out = BytesMut::new();
+        // Sized up front: an object of up to 64 MiB grown by doubling would copy
+        // itself over and over and touch twice the memory.
+        let bound = format::HEADER_LEN
+            + pieces
+                .iter()
+                .map(|p| {
+                    format::CHUNK_HEADER_LEN
+                        + 12
+                        + p.ops.iter().map(format::encoded_len).sum::<usize>()
+                })
+                .sum::<usize>();
+        let mut out = BytesMut::with_capacity(bound);
         format::encode_header(&mut out, epoch, seq, pieces.len() as u32);
         let mut relocations = Vec::with_capacity(pieces.len());
         for piece in pieces {
