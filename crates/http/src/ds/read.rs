@@ -286,20 +286,26 @@ impl FramesBody {
             let Some(seg) = self.segments.as_slice().first() else {
                 break;
             };
-            let large = seg.len() >= SHARED_SEGMENT_BYTES;
-            if !large && pending.capacity() < FRAME_BYTES {
-                pending.reserve(FRAME_BYTES);
+            // Large records, and a lone small one (a live read's usual answer), go
+            // out as the shared slices they are.
+            let lone = !self.json && pending.is_empty() && self.segments.len() == 1;
+            let shared = seg.len() >= SHARED_SEGMENT_BYTES || (lone && !seg.is_empty());
+            if !shared && pending.capacity() - pending.len() < seg.len() + 1 {
+                // Once per frame (it ends past FRAME_BYTES by less than one small
+                // record), and no more than the body has left: a small answer gets a
+                // small buffer.
+                pending.reserve((self.remaining as usize).min(FRAME_BYTES + SHARED_SEGMENT_BYTES));
             }
             if self.comma {
                 self.comma = false;
                 pending.put_u8(b',');
             }
-            if large && !pending.is_empty() {
+            if shared && !pending.is_empty() {
                 break; // the gathered bytes go first, the shared slice next time
             }
             let seg = self.segments.next().expect("peeked");
             self.comma = self.json;
-            if large {
+            if shared {
                 return Some(seg);
             }
             pending.put_slice(&seg);
@@ -431,6 +437,13 @@ mod tests {
                     .count();
                 let expected = segments.iter().filter(|s| s.len() == large.len()).count();
                 assert_eq!(shared, expected);
+                if !json && segments.len() == 1 {
+                    assert_eq!(
+                        out[0].as_ptr(),
+                        segments[0].as_ptr(),
+                        "a lone record is shared"
+                    );
+                }
             }
         }
     }
