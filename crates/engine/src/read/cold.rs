@@ -73,6 +73,8 @@ pub struct Cold<'a> {
 struct Window {
     base: u64,
     bytes: Bytes,
+    /// Every chunk in it passed its checksum (so its readers need not check again).
+    intact: bool,
 }
 
 /// A fetch of one window, shared by every reader that wants it.
@@ -298,7 +300,7 @@ impl ColdReader {
                     bytes: w
                         .bytes
                         .slice((r.start - w.base) as usize..(r.end - w.base) as usize),
-                    checked: false,
+                    checked: w.intact,
                 })
             }
         }
@@ -421,6 +423,7 @@ impl Inner {
             .await?;
         self.stats.reads.inc();
         self.stats.read_bytes.add(bytes.len() as u64);
+        let mut intact = true;
         for r in rows {
             let piece = bytes.slice(
                 (r.byte_range.start - range.start) as usize
@@ -430,18 +433,23 @@ impl Inner {
             // piece that fails stays out, and its reader meets the error on decoding.
             if format::verify_chunk(&piece).is_ok() {
                 self.cache.insert(&r.object_key, r.byte_range.start, piece);
+            } else {
+                intact = false;
             }
         }
         Ok(Window {
             base: range.start,
             bytes,
+            intact,
         })
     }
 }
 
 /// One chunk's bytes, and whether they were checked (a block cache hit: the cache
 /// holds only chunks whose checksum was verified when they went in, or that this
-/// node encoded itself) or still need their checksum verified (fresh from a GET).
+/// node encoded itself; or a window whose chunks all passed when it was fetched) or
+/// still need their checksum verified (a window where one failed: its reader gets
+/// the error).
 struct Chunk {
     bytes: Bytes,
     checked: bool,
@@ -597,6 +605,25 @@ mod tests {
             1,
             "only the warm-up's GET"
         );
+    }
+
+    #[tokio::test]
+    async fn a_chunk_that_fails_its_checksum_stays_out_of_the_cache_and_fails_its_reader() {
+        // Bytes 10..20 of `obj` are no chunk at all.
+        let (cold, _) = reader().await;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let Ok(chunk) = cold.chunk_bytes(&[row()], 0, deadline).await else {
+            panic!("the GET itself succeeds");
+        };
+        assert!(
+            !chunk.checked,
+            "a window with a bad chunk is not taken as checked"
+        );
+        assert!(
+            !cold.cache().contains("obj", 10),
+            "nothing unchecked in the cache"
+        );
+        assert!(chunk.decode(&row()).is_err());
     }
 
     #[tokio::test]
