@@ -386,8 +386,9 @@ async fn a_source_deleted_while_its_fork_is_being_indexed_is_deleted_soft() {
         let r = put_until_not_503(&c, &source, &text, "abc").await;
         assert_eq!(r.status.as_u16(), 201, "{}", r.text());
         let source_owner = served_by(&r);
-        // The source's row is in the index before the fork is made.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // No wait for the source's own (held back) index write: pinning the fork
+        // point waits for it on the source's owner, so the delete's barrier there
+        // finds nothing pending and counts at once.
         let headers = [
             ("content-type", "text/plain"),
             ("stream-forked-from", source.as_str()),
