@@ -40,6 +40,8 @@ pub const BATCH_RECORDS_MAX: usize = 1_000;
 pub const HEADERS_MAX: usize = 64;
 pub const HEADER_NAME_BYTES_MAX: usize = 256;
 pub const HEADER_BYTES_MAX: usize = 64 << 10;
+/// A record's key (the Kafka record key).
+pub const KEY_BYTES_MAX: usize = 64 << 10;
 /// Records one read returns by default and at most.
 pub const READ_COUNT_MAX: usize = 1_000;
 /// Body bytes one read returns by default, and at most.
@@ -67,6 +69,10 @@ struct InRecord {
     headers: Vec<(String, String)>,
     #[serde(default)]
     timestamp: Option<u64>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    key_base64: Option<String>,
 }
 
 /// `POST .../records`: the batch as the engine's records.
@@ -167,7 +173,28 @@ fn new_record(i: usize, r: InRecord) -> Result<NewRecord, ApiError> {
             "headers hold {header_bytes} bytes; the limit is {HEADER_BYTES_MAX}"
         )));
     }
-    let ext = if r.headers.is_empty() && r.timestamp.is_none() {
+    let key = match (r.key, r.key_base64) {
+        (None, None) => None,
+        (Some(text), None) => Some(Bytes::from(text)),
+        (None, Some(b64)) => Some(Bytes::from(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| bad(format!("key_base64 is not base64: {e}")))?,
+        )),
+        _ => return Err(bad("give key or key_base64, not both".to_string())),
+    };
+    if key.as_ref().is_some_and(|k| k.len() > KEY_BYTES_MAX) {
+        return Err(bad(format!("the key is over {KEY_BYTES_MAX} bytes")));
+    }
+    // A record's bytes are never empty (an empty record is unreadable at the
+    // tail): an empty body is kept as one zero byte marked empty (RecordExt).
+    let empty_value = data.is_empty();
+    let data = if empty_value {
+        Bytes::from_static(b"\0")
+    } else {
+        data
+    };
+    let ext = if r.headers.is_empty() && r.timestamp.is_none() && key.is_none() && !empty_value {
         None
     } else {
         if r.timestamp == Some(u64::MAX) {
@@ -180,6 +207,9 @@ fn new_record(i: usize, r: InRecord) -> Result<NewRecord, ApiError> {
                 .into_iter()
                 .map(|(n, v)| (n, Bytes::from(v)))
                 .collect(),
+            key,
+            null_value: false,
+            empty_value,
         };
         Some(ext.encode())
     };
@@ -499,6 +529,12 @@ fn record_json(data: &Bytes, meta: &picomq_engine::RecordMeta, offset: Offset) -
         .map(|(n, v)| json!([n, String::from_utf8_lossy(v)]))
         .collect();
     r.insert("headers".into(), Value::Array(headers));
+    // A Kafka record with a null or empty value holds a placeholder.
+    let data: &[u8] = if ext.null_value || ext.empty_value {
+        &[]
+    } else {
+        data
+    };
     match std::str::from_utf8(data) {
         Ok(text) => r.insert("body".into(), json!(text)),
         Err(_) => r.insert(
@@ -508,6 +544,19 @@ fn record_json(data: &Bytes, meta: &picomq_engine::RecordMeta, offset: Offset) -
     };
     if let Some(ts) = ext.client_ts_ms {
         r.insert("client_timestamp".into(), json!(ts));
+    }
+    if let Some(key) = &ext.key {
+        match std::str::from_utf8(key) {
+            Ok(text) => r.insert("key".into(), json!(text)),
+            Err(_) => r.insert(
+                "key_base64".into(),
+                json!(base64::engine::general_purpose::STANDARD.encode(key)),
+            ),
+        };
+    }
+    if ext.null_value {
+        // A Kafka tombstone: its value is null, not empty.
+        r.insert("null_body".into(), json!(true));
     }
     Value::Object(r)
 }

@@ -272,7 +272,8 @@ fn check_producer(
     p: &super::Producer,
     producers_max: usize,
 ) -> Result<Option<Sequenced>> {
-    match producer::validate(st.producers.get(p.id.as_str()), p.epoch, p.seq) {
+    let first = p.first_seq.unwrap_or(p.seq);
+    match producer::validate_span(st.producers.get(p.id.as_str()), p.epoch, first, p.seq) {
         Verdict::Accept => {
             if !st.producers.contains_key(p.id.as_str()) && st.producers.len() >= producers_max {
                 return Err(EngineError::Overloaded(format!(

@@ -103,7 +103,10 @@ pub struct StreamInfo {
 pub struct Producer {
     pub id: ProducerId,
     pub epoch: u64,
+    /// The last sequence number the append covers.
     pub seq: u64,
+    /// The first, when the append covers several (a Kafka batch); `None`: `seq`.
+    pub first_seq: Option<u64>,
 }
 
 #[derive(Clone, Debug)]

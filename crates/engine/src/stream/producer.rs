@@ -29,14 +29,22 @@ pub enum Verdict {
     },
 }
 
+/// `seq` is the stamp of an append; a stamp that covers several sequence numbers
+/// (a Kafka batch: `first..=seq`) is accepted when `first` follows the last one
+/// accepted and is a duplicate when `seq` does not pass it.
 pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict {
+    validate_span(state, epoch, seq, seq)
+}
+
+/// [`validate`] for a stamp covering `first..=seq`.
+pub fn validate_span(state: Option<&ProducerState>, epoch: u64, first: u64, seq: u64) -> Verdict {
     let Some(state) = state else {
-        return if seq == 0 {
+        return if first == 0 {
             Verdict::Accept
         } else {
             Verdict::Gap {
                 expected: 0,
-                received: seq,
+                received: first,
             }
         };
     };
@@ -46,7 +54,7 @@ pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict 
         };
     }
     if epoch > state.epoch {
-        return if seq == 0 {
+        return if first == 0 {
             Verdict::Accept
         } else {
             Verdict::EpochMustStartAtZero
@@ -57,12 +65,12 @@ pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict 
             last_seq: state.last_seq,
             last_op: state.last_op,
         }
-    } else if seq == state.last_seq + 1 {
+    } else if first == state.last_seq + 1 {
         Verdict::Accept
     } else {
         Verdict::Gap {
             expected: state.last_seq + 1,
-            received: seq,
+            received: first,
         }
     }
 }
@@ -111,6 +119,40 @@ mod tests {
             Verdict::Gap {
                 expected: 6,
                 received: 8
+            }
+        );
+    }
+
+    #[test]
+    fn a_span_follows_the_last_and_repeats_as_a_duplicate() {
+        // Kafka batches: 0..=9, then 10..=14.
+        assert_eq!(validate_span(None, 0, 0, 9), Verdict::Accept);
+        assert_eq!(validate_span(Some(&st(0, 9)), 0, 10, 14), Verdict::Accept);
+        // The same batch again (a retry after a lost answer).
+        assert!(matches!(
+            validate_span(Some(&st(0, 14)), 0, 10, 14),
+            Verdict::Duplicate { last_seq: 14, .. }
+        ));
+        // Overlapping the last batch, or leaving a hole: out of order.
+        assert_eq!(
+            validate_span(Some(&st(0, 14)), 0, 12, 20),
+            Verdict::Gap {
+                expected: 15,
+                received: 12
+            }
+        );
+        assert_eq!(
+            validate_span(Some(&st(0, 14)), 0, 16, 20),
+            Verdict::Gap {
+                expected: 15,
+                received: 16
+            }
+        );
+        assert_eq!(
+            validate_span(None, 0, 3, 5),
+            Verdict::Gap {
+                expected: 0,
+                received: 3
             }
         );
     }

@@ -74,17 +74,37 @@ impl Record {
     }
 }
 
-/// What the native record API keeps with a record besides its body:
+/// What the native record API and Kafka keep with a record besides its body:
 ///
 /// ```text
-/// ext = client_ts:u64 (u64::MAX: none) header_count:u32 (name_len:u16 name value_len:u32 value)*
+/// ext  = client_ts:u64 (u64::MAX: none) header_count:u32 (name_len:u16 name value_len:u32 value)* [tail]
+/// tail = flags:u8 (bit 0: a key follows, bit 1: the value is null, bit 2: the
+///        value is empty) [key_len:u32 key]
 /// ```
+///
+/// The tail is written only when there is a key or a null or empty value, so
+/// records written before it existed decode unchanged (no key, a value).
+///
+/// A record's bytes are never empty (an empty record would share its offset with
+/// the next and be unreadable at the tail): a Kafka record whose value is null or
+/// empty is stored with a placeholder (`null` on a JSON stream, one zero byte
+/// otherwise) and the flag that says what the value really is.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecordExt {
     pub client_ts_ms: Option<u64>,
     /// Name/value pairs in order; names may repeat.
     pub headers: Vec<(String, Bytes)>,
+    /// A Kafka record's key.
+    pub key: Option<Bytes>,
+    /// A Kafka record whose value is null (a tombstone): its bytes are a placeholder.
+    pub null_value: bool,
+    /// A Kafka record whose value is empty: its bytes are a placeholder.
+    pub empty_value: bool,
 }
+
+const EXT_KEY: u8 = 1;
+const EXT_NULL_VALUE: u8 = 2;
+const EXT_EMPTY_VALUE: u8 = 4;
 
 impl RecordExt {
     pub fn encode(&self) -> Bytes {
@@ -103,6 +123,23 @@ impl RecordExt {
             out.put_u32_le(value.len() as u32);
             out.put_slice(value);
         }
+        if self.key.is_some() || self.null_value || self.empty_value {
+            let mut flags = 0;
+            if self.key.is_some() {
+                flags |= EXT_KEY;
+            }
+            if self.null_value {
+                flags |= EXT_NULL_VALUE;
+            }
+            if self.empty_value {
+                flags |= EXT_EMPTY_VALUE;
+            }
+            out.put_u8(flags);
+            if let Some(key) = &self.key {
+                out.put_u32_le(key.len() as u32);
+                out.put_slice(key);
+            }
+        }
         out.freeze()
     }
 
@@ -120,9 +157,22 @@ impl RecordExt {
                 .map_err(|_| FormatError("header name is not UTF-8"))?;
             headers.push((name, r.bytes()?));
         }
+        let (mut key, mut flags) = (None, 0);
+        if r.pos < r.buf.len() {
+            flags = r.u8()?;
+            if flags & !(EXT_KEY | EXT_NULL_VALUE | EXT_EMPTY_VALUE) != 0 {
+                return Err(FormatError("unknown record extension flags"));
+            }
+            if flags & EXT_KEY != 0 {
+                key = Some(r.bytes()?);
+            }
+        }
         Ok(RecordExt {
             client_ts_ms: (ts != u64::MAX).then_some(ts),
             headers,
+            key,
+            null_value: flags & EXT_NULL_VALUE != 0,
+            empty_value: flags & EXT_EMPTY_VALUE != 0,
         })
     }
 }
@@ -746,6 +796,7 @@ mod tests {
                             RecordExt {
                                 client_ts_ms: Some(3),
                                 headers: vec![("k".into(), Bytes::from_static(b"v"))],
+                                ..RecordExt::default()
                             }
                             .encode(),
                         ),
@@ -828,11 +879,42 @@ mod tests {
                     ("a".into(), Bytes::new()),
                     ("trace".into(), Bytes::from_static(&[0, 255])),
                 ],
+                ..RecordExt::default()
+            },
+            RecordExt {
+                key: Some(Bytes::from_static(b"user-7")),
+                ..RecordExt::default()
+            },
+            RecordExt {
+                key: Some(Bytes::new()),
+                null_value: true,
+                headers: vec![("h".into(), Bytes::from_static(b"v"))],
+                client_ts_ms: None,
+                empty_value: false,
+            },
+            RecordExt {
+                empty_value: true,
+                ..RecordExt::default()
+            },
+            RecordExt {
+                null_value: true,
+                ..RecordExt::default()
             },
         ] {
             assert_eq!(RecordExt::decode(&ext.encode()).unwrap(), ext);
         }
+        // Written before keys existed: no tail, no key.
+        let old = RecordExt {
+            client_ts_ms: Some(5),
+            ..RecordExt::default()
+        }
+        .encode();
+        assert_eq!(old.len(), 12);
+        assert_eq!(RecordExt::decode(&old).unwrap().key, None);
         assert!(RecordExt::decode(&Bytes::from_static(&[1, 2, 3])).is_err());
+        let mut unknown_flag = old.to_vec();
+        unknown_flag.push(8);
+        assert!(RecordExt::decode(&Bytes::from(unknown_flag)).is_err());
     }
 
     /// `encoded_len` is what buffer accounting charges: it must cover the real bytes.

@@ -209,6 +209,7 @@ pub(crate) fn producer(app: &AppState, headers: &HeaderMap) -> Result<Option<Pro
             Ok(Some(Producer {
                 id: ProducerId::new(id, max)?,
                 epoch: headers::producer_uint(epoch, "Producer-Epoch")?,
+                first_seq: None,
                 seq: headers::producer_uint(seq, "Producer-Seq")?,
             }))
         }

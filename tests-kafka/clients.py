@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Real Kafka clients against a real `picomq serve --kafka-listen`.
+
+librdkafka (confluent-kafka), kafka-python and kcat produce and consume with keys,
+headers and every compression codec; records cross between Kafka and HTTP both
+ways; topics with many partitions are created, grown, configured, trimmed and
+deleted through the admin API; an idempotent producer keeps producing through a
+kill -9 of the server and every message lands exactly once; SASL/PLAIN and
+OAUTHBEARER take PicoMQ tokens and their scopes.
+
+Usage: clients.py PICOMQ_BINARY [TEST ...]   (each test starts its own server)
+"""
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                   ConfigResource, NewPartitions, NewTopic)
+
+BIN = sys.argv[1]
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+BOOTSTRAP_SECRET = "kafka-ci-bootstrap-" + "0123456789abcdef" * 2
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    """One `picomq serve` with a Kafka listener, restartable on the same ports."""
+
+    def __init__(self, *extra):
+        self.dir = tempfile.mkdtemp(prefix="picomq-kafka-")
+        self.http_port, self.kafka_port = free_port(), free_port()
+        self.extra = list(extra)
+        self.proc = None
+        self.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def bootstrap(self):
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def start(self):
+        self.log = open(os.path.join(self.dir, "server.log"), "ab")
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "--listen", f"127.0.0.1:{self.http_port}",
+             "--kafka-listen", f"127.0.0.1:{self.kafka_port}",
+             "--data-dir", os.path.join(self.dir, "data")] + self.extra,
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.url + "/readyz", timeout=1)
+                return
+            except Exception:
+                time.sleep(0.1)
+        raise RuntimeError("server did not become ready:\n" + self.tail())
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self, n=40):
+        with open(os.path.join(self.dir, "server.log"), "rb") as f:
+            return b"\n".join(f.read().splitlines()[-n:]).decode(errors="replace")
+
+    def http(self, method, path, body=None, headers=None, token=None):
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        if token:
+            req.add_header("Authorization", "Bearer " + token)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), dict(e.headers)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def produce_all(producer, messages, flush_timeout=60):
+    """Produces (topic, partition|None, key, value, headers, ts) tuples; returns
+    the delivery reports as (error, topic, partition, offset) in produce order."""
+    reports = [None] * len(messages)
+
+    def cb(i):
+        def done(err, msg):
+            reports[i] = (err, msg.topic(), msg.partition(), msg.offset())
+        return done
+
+    for i, (topic, part, key, value, headers, ts) in enumerate(messages):
+        kwargs = dict(key=key, value=value, headers=headers, on_delivery=cb(i))
+        if part is not None:
+            kwargs["partition"] = part
+        if ts is not None:
+            kwargs["timestamp"] = ts
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    left = producer.flush(flush_timeout)
+    check(left == 0, f"{left} messages still undelivered after {flush_timeout}s")
+    return reports
+
+
+def consume(bootstrap, topic, partitions, count, timeout=30, extra=None):
+    """The first `count` records of `partitions` of `topic`, through an assigned
+    (group-less) librdkafka consumer."""
+    conf = {"bootstrap.servers": bootstrap, "group.id": "unused-" + uuid.uuid4().hex,
+            "enable.auto.commit": False, "enable.auto.offset.store": False}
+    conf.update(extra or {})
+    c = Consumer(conf)
+    c.assign([TopicPartition(topic, p, 0) for p in partitions])
+    out = []
+    deadline = time.time() + timeout
+    while len(out) < count and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            # Group coordination is not served yet: an assigned consumer does
+            # not need it.
+            if m.error().code() in (KafkaError._PARTITION_EOF,):
+                continue
+            print("  consumer says:", m.error())
+            continue
+        out.append(m)
+    c.close()
+    check(len(out) == count, f"consumed {len(out)} of {count} records of {topic}")
+    return out
+
+
+def test_librdkafka_codecs_keys_headers(srv):
+    """librdkafka: every codec, keys (and null keys), repeated and binary headers,
+    client timestamps and a null value (tombstone) survive produce and fetch."""
+    topic = "lk-" + uuid.uuid4().hex[:8]
+    sent = []
+    for codec in CODECS:
+        p = Producer({"bootstrap.servers": srv.bootstrap, "compression.type": codec,
+                      "linger.ms": 5, "acks": "all"})
+        msgs = []
+        for i in range(300):
+            key = None if i % 10 == 0 else f"key-{i % 7}".encode()
+            value = None if i == 299 else f"{codec}-{i}-".encode() + b"x" * (i % 50)
+            headers = [("h", b"1"), ("h", b"2"), ("bin", bytes([0, 255, i % 256]))]
+            msgs.append((topic, 0, key, value, headers, 1_700_000_000_000 + len(sent) + i))
+        reports = produce_all(p, msgs)
+        bad = [r for r in reports if r[0] is not None]
+        check(not bad, f"{codec}: delivery errors {bad[:3]}")
+        offsets = [r[3] for r in reports]
+        check(offsets == list(range(len(sent), len(sent) + 300)),
+              f"{codec}: offsets {offsets[:3]}..{offsets[-3:]} are not consecutive from {len(sent)}")
+        sent += msgs
+    got = consume(srv.bootstrap, topic, [0], len(sent))
+    for i, (m, s) in enumerate(zip(got, sent)):
+        check(m.offset() == i, f"record {i} has offset {m.offset()}")
+        check(m.key() == s[2], f"record {i}: key {m.key()!r} != {s[2]!r}")
+        check(m.value() == s[3], f"record {i}: value {m.value()!r} != {s[3]!r}")
+        check(m.headers() == s[4], f"record {i}: headers {m.headers()} != {s[4]}")
+        check(m.timestamp()[1] == s[5], f"record {i}: timestamp {m.timestamp()} != {s[5]}")
+    # Watermarks and offsets by time.
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "wm"})
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    check((lo, hi) == (0, len(sent)), f"watermarks {(lo, hi)}")
+    now_ms = int(time.time() * 1000)
+    future = c.offsets_for_times([TopicPartition(topic, 0, now_ms + 60_000)], timeout=10)[0]
+    check(future.offset == -1, f"offset for a future time: {future.offset}")
+    past = c.offsets_for_times([TopicPartition(topic, 0, 0)], timeout=10)[0]
+    check(past.offset == 0, f"offset for time 0: {past.offset}")
+    c.close()
+    return f"{len(sent)} records, codecs {', '.join(CODECS)}"
+
+
+def test_kafka_and_http_are_one_stream(srv):
+    """Records produced over Kafka read over HTTP (native records and Durable
+    Streams), and records appended over HTTP consumed over Kafka."""
+    topic = "mix-" + uuid.uuid4().hex[:8]
+    p = Producer({"bootstrap.servers": srv.bootstrap, "acks": "all"})
+    produce_all(p, [(topic, 0, b"user-1", b'{"n":1}', [("trace", b"abc"), ("trace", b"def")],
+                     1_700_000_000_123)])
+    status, body, _ = srv.http("GET", f"/__picomq/streams/{topic}/records?seq=0")
+    check(status == 200, f"native read: {status} {body[:200]!r}")
+    rec = json.loads(body)["records"][0]
+    check(rec["seq"] == 0 and rec["key"] == "user-1" and rec["body"] == '{"n":1}',
+          f"native record {rec}")
+    check(rec["headers"] == [["trace", "abc"], ["trace", "def"]], f"headers {rec['headers']}")
+    check(rec["client_timestamp"] == 1_700_000_000_123, f"timestamp {rec}")
+    status, body, headers = srv.http("GET", f"/{topic}?offset=-1")
+    check(status == 200 and body == b'{"n":1}', f"Durable Streams read: {status} {body!r}")
+    # HTTP appends, consumed over Kafka.
+    status, body, _ = srv.http("POST", f"/{topic}", b"from-http",
+                               {"Content-Type": "application/octet-stream"})
+    check(status in (200, 204), f"DS append: {status} {body!r}")
+    records = {"records": [{"body": "native", "key": "k2", "headers": [["a", "b"]],
+                            "timestamp": 1_700_000_000_999}]}
+    status, body, _ = srv.http("POST", f"/__picomq/streams/{topic}/records",
+                               json.dumps(records).encode(), {"Content-Type": "application/json"})
+    check(status == 200, f"native append: {status} {body!r}")
+    got = consume(srv.bootstrap, topic, [0], 3)
+    check(got[1].value() == b"from-http" and got[1].key() is None and got[1].offset() == 1,
+          f"DS append over Kafka: {got[1].value()!r} key {got[1].key()!r}")
+    check(got[2].value() == b"native" and got[2].key() == b"k2"
+          and got[2].headers() == [("a", b"b")] and got[2].timestamp()[1] == 1_700_000_000_999,
+          f"native append over Kafka: {got[2].value()!r} {got[2].key()!r} {got[2].headers()}")
+    # A live Kafka fetch is woken by an HTTP append.
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "live",
+                  "fetch.wait.max.ms": 5000, "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 3)])
+    c.poll(1.0)
+    t0 = time.time()
+    srv.http("POST", f"/{topic}", b"wake", {"Content-Type": "application/octet-stream"})
+    m = None
+    while time.time() - t0 < 10:
+        m = c.poll(0.2)
+        if m is not None and not m.error():
+            break
+    waited = time.time() - t0
+    c.close()
+    check(m is not None and m.value() == b"wake", "the live fetch did not see the HTTP append")
+    check(waited < 2.0, f"the HTTP append reached the waiting fetch after {waited:.2f}s")
+    # A stream whose name is not a topic name is reached through its escaped name.
+    srv.http("PUT", "/chat/room.1", b"", {"Content-Type": "application/octet-stream"})
+    srv.http("POST", "/chat/room.1", b"hello", {"Content-Type": "application/octet-stream"})
+    got = consume(srv.bootstrap, "_s.chat.room_2e1", [0], 1)
+    check(got[0].value() == b"hello", "escaped topic name")
+    return f"Kafka -> native/DS and DS/native -> Kafka; live fetch woken in {waited * 1000:.0f} ms"
+
+
+def test_partitions_and_admin(srv):
+    """Topics of many partitions: clients' partitioners, CreatePartitions, configs,
+    DeleteRecords and DeleteTopics, each partition a stream."""
+    admin = AdminClient({"bootstrap.servers": srv.bootstrap})
+    topic = "parts-" + uuid.uuid4().hex[:8]
+    fs = admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1,
+                                       config={"retention.ms": "86400000"})])
+    fs[topic].result(10)
+    fs = admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1)])
+    try:
+        fs[topic].result(10)
+        raise AssertionError("creating an existing topic succeeded")
+    except confluent_kafka.KafkaException as e:
+        check(e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS, f"second create: {e}")
+    md = admin.list_topics(topic, timeout=10)
+    check(len(md.topics[topic].partitions) == 4, f"partitions {md.topics[topic].partitions}")
+    for p in range(4):
+        name = topic if p == 0 else f"{topic}~{p}"
+        status, _, _ = srv.http("HEAD", "/" + name)
+        check(status == 200, f"partition {p} is stream {name}: HEAD {status}")
+    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
+    msgs = [(topic, None, f"key-{i % 40}".encode(), f"v{i}".encode(), None, None)
+            for i in range(800)]
+    reports = produce_all(p, msgs)
+    where = {}
+    for (err, _, part, _), m in zip(reports, msgs):
+        check(err is None, f"delivery error {err}")
+        where.setdefault(m[2], set()).add(part)
+    check(all(len(s) == 1 for s in where.values()), "a key landed on two partitions")
+    check(len({next(iter(s)) for s in where.values()}) > 1, "every key on one partition")
+    got = consume(srv.bootstrap, topic, range(4), 800)
+    check(sorted(m.value() for m in got) == sorted(m[3] for m in msgs), "consumed set")
+    # Grow to 6 partitions; the new ones are streams too.
+    admin.create_partitions([NewPartitions(topic, 6)])[topic].result(10)
+    md = admin.list_topics(topic, timeout=10)
+    check(len(md.topics[topic].partitions) == 6, "after CreatePartitions")
+    status, body, _ = srv.http("GET", f"/__picomq/streams/{topic}~5/info")
+    check(status == 200, f"partition 5's stream: {status} {body!r}")
+    # Configs: retention.ms is the streams' retention.
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    cfg = admin.describe_configs([res])[res].result(10)
+    check(cfg["retention.ms"].value == "86400000", f"retention.ms {cfg['retention.ms'].value}")
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, set_config={"retention.ms": "3600000"})
+    admin.alter_configs([res])[res].result(10)
+    cfg = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    cfg = list(cfg.values())[0].result(10)
+    check(cfg["retention.ms"].value == "3600000", "altered retention.ms")
+    bad = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact",
+                    incremental_operation=AlterConfigOpType.SET)])
+    try:
+        admin.incremental_alter_configs([bad])[bad].result(10)
+        raise AssertionError("cleanup.policy=compact was accepted")
+    except confluent_kafka.KafkaException as e:
+        check(e.args[0].code() == KafkaError.INVALID_CONFIG, f"compact: {e}")
+    # DeleteRecords trims partition 0.
+    n0 = sum(1 for m in got if m.partition() == 0)
+    cut = admin.delete_records([TopicPartition(topic, 0, n0 // 2)])
+    low = list(cut.values())[0].result(10)
+    check(low.low_watermark == n0 // 2, f"low watermark after DeleteRecords {low.low_watermark}")
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": "x"})
+    lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    c.close()
+    check((lo, hi) == (n0 // 2, n0), f"watermarks after trim {(lo, hi)}")
+    # Delete: every partition's stream goes.
+    admin.delete_topics([topic])[topic].result(10)
+    for p in range(6):
+        name = topic if p == 0 else f"{topic}~{p}"
+        status, _, _ = srv.http("HEAD", "/" + name)
+        check(status == 404, f"after DeleteTopics, {name}: HEAD {status}")
+    return "4 -> 6 partitions, configs, DeleteRecords, DeleteTopics"
+
+
+def test_idempotent_producer_through_kill9(srv):
+    """An idempotent librdkafka producer keeps producing while the server is
+    killed with SIGKILL and restarted: every message lands exactly once, in order."""
+    topic = "idem-" + uuid.uuid4().hex[:8]
+    p = Producer({"bootstrap.servers": srv.bootstrap, "enable.idempotence": True,
+                  "linger.ms": 2, "message.timeout.ms": 120000, "retry.backoff.ms": 50,
+                  "reconnect.backoff.max.ms": 200})
+    total, kill_at = 30000, 12000
+    errors = []
+    delivered = [0]
+
+    def done(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered[0] += 1
+
+    for i in range(total):
+        while True:
+            try:
+                p.produce(topic, value=str(i).encode(), key=b"k", on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i == kill_at:
+            # Kill the server mid-stream, with batches in flight.
+            p.poll(0.01)
+            acked_before_kill = delivered[0]
+            srv.kill9()
+            time.sleep(0.5)
+            srv.start()
+        p.poll(0)
+    left = p.flush(120)
+    check(left == 0 and not errors, f"undelivered {left}, errors {errors[:3]}")
+    got = consume(srv.bootstrap, topic, [0], total, timeout=60)
+    values = [int(m.value()) for m in got]
+    check(values == list(range(total)),
+          f"not exactly once in order: {len(values)} records, {len(set(values))} distinct")
+    check(acked_before_kill < kill_at, "nothing was in flight at the kill")
+    return (f"{total} messages, SIGKILL with {kill_at + 1 - acked_before_kill} unacknowledged, "
+            f"each exactly once")
+
+
+def test_kafka_python(srv):
+    """kafka-python: every codec, keys and headers, produce and consume."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+    topic = "kp-" + uuid.uuid4().hex[:8]
+    sent = []
+    for codec in [None, "gzip", "snappy", "lz4", "zstd"]:
+        p = KafkaProducer(bootstrap_servers=srv.bootstrap, compression_type=codec,
+                          linger_ms=5, acks="all")
+        futures = []
+        for i in range(100):
+            rec = (f"k{i}".encode(), f"{codec}-{i}".encode(), [("h", f"{i}".encode())])
+            futures.append(p.send(topic, key=rec[0], value=rec[1], headers=rec[2]))
+            sent.append(rec)
+        for f in futures:
+            f.get(timeout=30)
+        p.close()
+    c = KafkaConsumer(bootstrap_servers=srv.bootstrap, enable_auto_commit=False,
+                      consumer_timeout_ms=5000)
+    c.assign([KTP(topic, 0)])
+    c.seek_to_beginning()
+    got = []
+    for m in c:
+        got.append((m.key, m.value, list(m.headers)))
+        if len(got) == len(sent):
+            break
+    c.close()
+    check(got == sent, f"kafka-python consumed {len(got)} of {len(sent)}; first diff "
+          f"{next(((a, b) for a, b in zip(got, sent) if a != b), None)}")
+    return f"{len(sent)} records, codecs none, gzip, snappy, lz4, zstd"
+
+
+def test_kcat(srv):
+    """kcat: keyed produce with headers under every codec, consume to the end."""
+    topic = "kcat-" + uuid.uuid4().hex[:8]
+    lines = []
+    for codec in CODECS:
+        data = "".join(f"key{i}:{codec}-value-{i}\n" for i in range(50))
+        lines += [f"key{i}|{codec}-value-{i}|h=v{i}" for i in range(50)]
+        subprocess.run(["kcat", "-b", srv.bootstrap, "-P", "-t", topic, "-K:", "-z", codec,
+                        "-H", "h=v"], input=data.encode(), check=True, timeout=60)
+    out = subprocess.run(["kcat", "-b", srv.bootstrap, "-C", "-t", topic, "-o", "beginning",
+                          "-e", "-q", "-f", "%k|%s|%h\n"],
+                         capture_output=True, check=True, timeout=60).stdout.decode()
+    got = out.strip().split("\n")
+    check(len(got) == 250, f"kcat consumed {len(got)} of 250")
+    for g in got:
+        k, v, h = g.split("|")
+        check(v.endswith(k[3:]) and h == "h=v", f"kcat record {g!r}")
+    return "250 records, codecs " + ", ".join(CODECS)
+
+
+def token(srv, scopes, namespace=""):
+    status, body, _ = srv.http("POST", "/__picomq/tokens",
+                               json.dumps({"scopes": scopes, "namespace": namespace}).encode(),
+                               {"Content-Type": "application/json"}, token=BOOTSTRAP_SECRET)
+    check(status in (200, 201), f"token create: {status} {body!r}")
+    return json.loads(body)["token"]
+
+
+def sasl(srv, secret, mechanism="PLAIN"):
+    conf = {"bootstrap.servers": srv.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism}
+    if mechanism == "PLAIN":
+        conf.update({"sasl.username": "picomq", "sasl.password": secret})
+    else:
+        conf["oauth_cb"] = lambda _config: (secret, time.time() + 3600)
+    return conf
+
+
+def test_sasl_scopes(srv):
+    """SASL/PLAIN and OAUTHBEARER with PicoMQ tokens: scopes and namespaces apply
+    as on HTTP; without SASL nothing but ApiVersions is served."""
+    writer = token(srv, ["create,append,read:orders/**"])
+    reader = token(srv, ["read:orders/**"])
+    tenant = token(srv, ["all:**"], namespace="tenant-a/")
+    # Allowed: produce and consume inside the scope (orders/x is topic _s.orders.x).
+    topic = "_s.orders.x"
+    p = Producer({**sasl(srv, writer), "acks": "all"})
+    reports = produce_all(p, [(topic, 0, b"k", b"v1", None, None)])
+    check(reports[0][0] is None, f"scoped produce: {reports[0][0]}")
+    got = consume(srv.bootstrap, topic, [0], 1, extra=sasl(srv, reader, "OAUTHBEARER"))
+    check(got[0].value() == b"v1", "scoped consume")
+    # Refused: outside the scope, and a reader producing.
+    for secret, t in [(writer, "elsewhere"), (reader, topic)]:
+        p = Producer({**sasl(srv, secret), "acks": "all", "message.timeout.ms": 5000})
+        reports = produce_all(p, [(t, 0, None, b"no", None, None)])
+        err = reports[0][0]
+        check(err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED,
+              f"produce to {t} outside the scope: {err}")
+    # A namespaced token sees its namespace as the root.
+    p = Producer({**sasl(srv, tenant), "acks": "all"})
+    produce_all(p, [("events", 0, None, b"tenant", None, None)])
+    status, body, _ = srv.http("GET", "/tenant-a/events?offset=-1", token=BOOTSTRAP_SECRET)
+    check(status == 200 and body == b"tenant", f"namespaced produce: {status} {body!r}")
+    md = AdminClient(sasl(srv, tenant)).list_topics(timeout=10)
+    check("events" in md.topics and not any(t.startswith("_s.orders") for t in md.topics),
+          f"namespaced listing {sorted(md.topics)}")
+    # Wrong password: authentication fails.
+    p = Producer({**sasl(srv, "pmq_" + "0" * 64), "message.timeout.ms": 3000})
+    reports = produce_all(p, [(topic, 0, None, b"x", None, None)], flush_timeout=20)
+    check(reports[0][0] is not None, "a wrong password produced")
+    # No SASL at all: the connection is closed after ApiVersions.
+    p = Producer({"bootstrap.servers": srv.bootstrap, "message.timeout.ms": 3000})
+    reports = produce_all(p, [(topic, 0, None, b"x", None, None)], flush_timeout=20)
+    check(reports[0][0] is not None, "an unauthenticated client produced")
+    status, body, _ = srv.http("GET", f"/orders/x?offset=-1", token=BOOTSTRAP_SECRET)
+    check(body == b"v1", f"only the allowed record is there: {body!r}")
+    return "PLAIN and OAUTHBEARER; out-of-scope, read-only, wrong and missing credentials refused"
+
+
+def main():
+    # AlterConfigs is deprecated in favour of IncrementalAlterConfigs; both are served.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    print("confluent-kafka", confluent_kafka.version(), "librdkafka", confluent_kafka.libversion()[0])
+    plain = [test_librdkafka_codecs_keys_headers, test_kafka_and_http_are_one_stream,
+             test_partitions_and_admin, test_kafka_python, test_kcat,
+             test_idempotent_producer_through_kill9]
+    wanted = sys.argv[2:]
+    failed = 0
+    for name, tests, extra in [
+        ("plain", plain, []),
+        ("auth", [test_sasl_scopes], None),
+    ]:
+        tests = [t for t in tests if not wanted or t.__name__ in wanted]
+        if not tests:
+            continue
+        if extra is None:
+            secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
+            with open(secret_file, "w") as f:
+                f.write(BOOTSTRAP_SECRET)
+            extra = ["--auth", "required", "--bootstrap-token-file", secret_file]
+        srv = Server(*extra)
+        try:
+            for t in tests:
+                t0 = time.time()
+                try:
+                    what = t(srv)
+                    print(f"PASS {t.__name__} ({time.time() - t0:.1f}s): {what}")
+                except Exception:
+                    failed += 1
+                    print(f"FAIL {t.__name__} ({time.time() - t0:.1f}s)")
+                    traceback.print_exc()
+                    print("server log:\n" + srv.tail())
+        finally:
+            srv.stop()
+    print(f"kafka clients: {'FAILED ' + str(failed) if failed else 'all passed'}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
