@@ -91,7 +91,7 @@ impl Tls {
         Ok(())
     }
 
-    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         let config = self
             .current
             .read()

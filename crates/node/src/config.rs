@@ -72,6 +72,8 @@ pub struct Config {
     pub route: picomq_http::cluster::RouteMode,
     /// How long a member's lease lasts unrenewed (others take over after it).
     pub lease: Duration,
+    /// Also serve the Kafka wire protocol (`--kafka-listen`).
+    pub kafka: Option<picomq_kafka::KafkaConfig>,
 }
 
 /// Bounds of `--lease`: renewals must fit in it several times over Postgres round
@@ -104,6 +106,7 @@ impl Default for Config {
             node_id: None,
             route: picomq_http::cluster::RouteMode::Proxy,
             lease: Duration::from_secs(5),
+            kafka: None,
         }
     }
 }
@@ -127,6 +130,24 @@ impl Config {
                 "refusing to listen on {} with --auth off: anyone reaching it could read, write and delete every stream. Use --auth required (with --bootstrap-token-file), listen on a loopback address, or pass --allow-unauthenticated-public if this is intended",
                 self.listen
             ));
+        }
+        if let Some(k) = &self.kafka {
+            if self.auth == AuthMode::Off
+                && !k.listen.ip().is_loopback()
+                && !self.allow_unauthenticated_public
+            {
+                return Err(format!(
+                    "refusing to serve Kafka on {} with --auth off: anyone reaching it could read and write every stream. Use --auth required (clients then authenticate with SASL), a loopback address, or --allow-unauthenticated-public",
+                    k.listen
+                ));
+            }
+            if k.listen.ip().is_unspecified() && k.advertise.is_none() {
+                return Err(format!(
+                    "--kafka-listen {} is every address: give --kafka-advertise HOST:PORT, the address Kafka clients reach this node at",
+                    k.listen
+                ));
+            }
+            k.advertised(k.listen)?;
         }
         if self.auth == AuthMode::Off && self.bootstrap_token_file.is_some() {
             return Err("--bootstrap-token-file needs --auth required".into());

@@ -39,6 +39,7 @@ enum State {
 pub struct Node {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
+    kafka_addr: Option<SocketAddr>,
     tls: Option<Arc<Tls>>,
     state: watch::Receiver<State>,
     stop: Option<oneshot::Sender<()>>,
@@ -55,6 +56,8 @@ struct Started {
     listener: TcpListener,
     recovering: Recovering,
     admin: Option<(TcpListener, Recovering)>,
+    /// Bound at start (a port in use fails the start), served once ready.
+    kafka: Option<TcpListener>,
     tls: Option<Arc<Tls>>,
     state: watch::Sender<State>,
 }
@@ -116,6 +119,16 @@ impl Node {
             }
             None => (None, None),
         };
+        let (kafka, kafka_addr) = match &config.kafka {
+            Some(k) => {
+                let l = TcpListener::bind(k.listen)
+                    .await
+                    .map_err(|e| format!("--kafka-listen {}: {e}", k.listen))?;
+                let at = l.local_addr().map_err(|e| e.to_string())?;
+                (Some(l), Some(at))
+            }
+            None => (None, None),
+        };
         let meta_shown = picomq_engine::meta::redacted_url(&meta_url);
         tracing::info!(listen = %addr, store = %store_url, meta = %meta_shown, "recovering");
         let (state_tx, state) = watch::channel(State::Recovering);
@@ -128,6 +141,7 @@ impl Node {
             listener,
             recovering,
             admin,
+            kafka,
             tls: tls.clone(),
             state: state_tx,
         };
@@ -135,6 +149,7 @@ impl Node {
         Ok(Node {
             addr,
             admin_addr,
+            kafka_addr,
             tls,
             state,
             stop: Some(stop),
@@ -155,6 +170,11 @@ impl Node {
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
+    }
+
+    /// The Kafka port, if `--kafka-listen` was given.
+    pub fn kafka_addr(&self) -> Option<SocketAddr> {
+        self.kafka_addr
     }
 
     /// Waits until the node serves (recovery done): its engine, or why it failed.
@@ -221,6 +241,7 @@ impl Started {
             listener,
             recovering,
             admin,
+            kafka,
             tls,
             state,
         } = self;
@@ -243,7 +264,7 @@ impl Started {
             }
             None => None,
         };
-        let ports = Ports::new(listener, admin)?;
+        let ports = Ports::new(listener, admin, kafka)?;
         let mut current = match Incarnation::start(&config, engine, &ports, &tls).await {
             Ok(current) => current,
             Err((engine, e)) => {
@@ -298,14 +319,20 @@ impl Started {
 struct Ports {
     api: std::net::TcpListener,
     admin: Option<std::net::TcpListener>,
+    kafka: Option<std::net::TcpListener>,
 }
 
 impl Ports {
-    fn new(api: TcpListener, admin: Option<TcpListener>) -> Result<Ports, String> {
+    fn new(
+        api: TcpListener,
+        admin: Option<TcpListener>,
+        kafka: Option<TcpListener>,
+    ) -> Result<Ports, String> {
         let std = |l: TcpListener| l.into_std().map_err(|e| e.to_string());
         Ok(Ports {
             api: std(api)?,
             admin: admin.map(std).transpose()?,
+            kafka: kafka.map(std).transpose()?,
         })
     }
 
@@ -368,6 +395,28 @@ impl Incarnation {
                 tokio::spawn(auth.clone().follow_store(shutdown.clone()));
             }
             tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
+        }
+        if let (Some(kafka), Some(port)) = (&config.kafka, &ports.kafka) {
+            if engine.cluster().is_some() {
+                return Err(
+                    "--kafka-listen is not yet supported on a cluster member (docs/kafka.md)"
+                        .into(),
+                );
+            }
+            let listener = Ports::listener(port)?;
+            let serve = picomq_kafka::serve(
+                listener,
+                engine.clone(),
+                auth.clone(),
+                tls.clone(),
+                kafka.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "the Kafka listener stopped");
+                }
+            });
         }
         http.auth = auth;
         http.tls = tls.is_some();

@@ -244,6 +244,52 @@ pub struct ServeArgs {
     pub storage: crate::storage::StorageArgs,
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// The Kafka listener (docs/kafka.md).
+#[derive(Args, Debug)]
+pub struct KafkaArgs {
+    /// Also serve the Kafka wire protocol on this address (e.g. 127.0.0.1:9092):
+    /// Kafka clients produce to and consume from the same streams [default: off].
+    #[arg(long, env = "PICOMQ_KAFKA_LISTEN", value_name = "ADDR")]
+    pub kafka_listen: Option<SocketAddr>,
+    /// HOST:PORT that Kafka clients reach this node at (what Metadata names)
+    /// [default: the --kafka-listen address].
+    #[arg(long, env = "PICOMQ_KAFKA_ADVERTISE", value_name = "HOST:PORT")]
+    pub kafka_advertise: Option<String>,
+    /// Largest Kafka request, in bytes.
+    #[arg(long, env = "PICOMQ_KAFKA_MAX_REQUEST_BYTES", default_value_t = size(kafka_defaults().max_request_bytes))]
+    pub kafka_max_request_bytes: Size,
+    /// Most open Kafka connections.
+    #[arg(long, env = "PICOMQ_KAFKA_MAX_CONNECTIONS", default_value_t = kafka_defaults().max_connections)]
+    pub kafka_max_connections: usize,
+    /// Create a topic the first time a client asks for it (Kafka's
+    /// auto.create.topics.enable); the client still needs the create scope.
+    #[arg(long, env = "PICOMQ_KAFKA_AUTO_CREATE_TOPICS", default_value_t = kafka_defaults().auto_create_topics, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kafka_auto_create_topics: bool,
+    /// Partitions of an auto-created topic (Kafka's num.partitions).
+    #[arg(long, env = "PICOMQ_KAFKA_DEFAULT_PARTITIONS", default_value_t = kafka_defaults().default_partitions, value_parser = clap::value_parser!(i32).range(1..=1024))]
+    pub kafka_default_partitions: i32,
+}
+
+fn kafka_defaults() -> picomq_kafka::KafkaConfig {
+    picomq_kafka::KafkaConfig::new(SocketAddr::from(([127, 0, 0, 1], 9092)))
+}
+
+impl KafkaArgs {
+    fn configure(&self, config: &mut Config) {
+        config.kafka = self.kafka_listen.map(|listen| {
+            let mut k = picomq_kafka::KafkaConfig::new(listen);
+            k.advertise = self.kafka_advertise.clone();
+            k.max_request_bytes = self.kafka_max_request_bytes.bytes();
+            k.max_connections = self.kafka_max_connections;
+            k.auto_create_topics = self.kafka_auto_create_topics;
+            k.default_partitions = self.kafka_default_partitions;
+            k
+        });
+    }
 }
 
 impl ServeArgs {
@@ -276,6 +322,7 @@ impl ServeArgs {
         e.tail_cache_bytes_per_stream = self.tail_cache_bytes.bytes();
         self.storage.configure(&mut config);
         self.security.configure(&mut config)?;
+        self.kafka.configure(&mut config);
         config.http.long_poll_timeout = self.long_poll_timeout.0;
         config.http.sse_max_duration = self.sse_max_duration.0;
         config.check()?;

@@ -374,16 +374,7 @@ impl Auth {
             if secret.starts_with(picomq_consumers::subscriptions::WAKE_TOKEN_PREFIX) {
                 return Ok(None);
             }
-            let hash = credential::hash_secret(secret);
-            let token = self.read().by_hash.get(&hash).cloned();
-            let token = token.ok_or_else(|| unauthorized("invalid_token", "unknown token"))?;
-            if token.revoked_ms.is_some() {
-                return Err(unauthorized("invalid_token", "the token was revoked"));
-            }
-            if token.expires_ms.is_some_and(|e| e <= self.now_ms()) {
-                return Err(unauthorized("invalid_token", "the token has expired"));
-            }
-            return Ok(Some(Principal::Token(token)));
+            return self.authenticate_secret(secret).map(Some);
         }
         let Some(raw) = query
             .map(credential::query_token)
@@ -410,6 +401,20 @@ impl Auth {
                 ),
             })?;
         Ok(Some(Principal::ReadLink { expires_secs, mac }))
+    }
+
+    /// The caller holding a token's secret (a bearer, or a Kafka SASL password).
+    pub fn authenticate_secret(&self, secret: &str) -> Result<Principal, ApiError> {
+        let hash = credential::hash_secret(secret);
+        let token = self.read().by_hash.get(&hash).cloned();
+        let token = token.ok_or_else(|| unauthorized("invalid_token", "unknown token"))?;
+        if token.revoked_ms.is_some() {
+            return Err(unauthorized("invalid_token", "the token was revoked"));
+        }
+        if token.expires_ms.is_some_and(|e| e <= self.now_ms()) {
+            return Err(unauthorized("invalid_token", "the token has expired"));
+        }
+        Ok(Principal::Token(token))
     }
 
     /// 401 for a request without credentials.
