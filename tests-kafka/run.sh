@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real Kafka clients against real `picomq serve --kafka-listen` servers
-# (tests-kafka/clients.py): librdkafka through confluent-kafka, kafka-python and
-# kcat, installed here from PyPI and Debian's packages. Usage: run.sh PICOMQ_BINARY
+# (tests-kafka/clients.py): librdkafka through confluent-kafka, kafka-python, kcat
+# and kafkajs, installed here from PyPI, Debian's packages and npm.
+# Usage: run.sh PICOMQ_BINARY
 set -euo pipefail
 BIN=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -13,4 +14,6 @@ fi
 # zstandard give kafka-python its codecs.
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
   confluent-kafka==2.16.1 kafka-python==3.0.12 python-snappy==0.7.3 lz4==4.4.5 zstandard==0.25.0
+# kafkajs from the npm registry, pinned by package-lock.json.
+(cd "$HERE/kafkajs" && npm ci --no-audit --no-fund --loglevel=error >&2)
 python3 "$HERE/clients.py" "$BIN"

@@ -10,7 +10,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 use crate::conn::{Request, Session};
 use crate::errors::code;
-use crate::{admin, fetch, metadata, produce, Kafka};
+use crate::{admin, fetch, group_api, metadata, produce, Kafka};
 
 /// What a request gets.
 pub(crate) enum Answer {
@@ -40,6 +40,16 @@ pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::SaslHandshake, 1, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
@@ -105,6 +115,16 @@ pub(crate) async fn handle(kafka: &Kafka, session: &Session, request: Request) -
             admin::incremental_alter_configs(kafka, session, &request).await
         }
         ApiKey::DeleteRecords => admin::delete_records(kafka, session, &request).await,
+        ApiKey::FindCoordinator => group_api::find_coordinator(kafka, session, &request),
+        ApiKey::JoinGroup => group_api::join_group(kafka, session, &request).await,
+        ApiKey::SyncGroup => group_api::sync_group(kafka, session, &request).await,
+        ApiKey::Heartbeat => group_api::heartbeat(kafka, session, &request).await,
+        ApiKey::LeaveGroup => group_api::leave_group(kafka, session, &request).await,
+        ApiKey::OffsetCommit => group_api::offset_commit(kafka, session, &request).await,
+        ApiKey::OffsetFetch => group_api::offset_fetch(kafka, session, &request).await,
+        ApiKey::DescribeGroups => group_api::describe_groups(kafka, session, &request).await,
+        ApiKey::ListGroups => group_api::list_groups(kafka, session, &request).await,
+        ApiKey::DeleteGroups => group_api::delete_groups(kafka, session, &request).await,
         other => Err(Answer::Close(format!("{other:?} is not served"))),
     };
     r.unwrap_or_else(|a| a)

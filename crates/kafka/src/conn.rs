@@ -27,6 +27,8 @@ pub(crate) struct Session {
     pub principal: Option<Principal>,
     /// The mechanism the client chose in SaslHandshake.
     pub mechanism: Option<String>,
+    /// The client's address (shown by DescribeGroups).
+    pub peer: String,
 }
 
 impl Session {
@@ -42,7 +44,7 @@ pub(crate) struct Request {
     pub body: Bytes,
 }
 
-pub(crate) async fn run<S>(socket: S, kafka: Arc<Kafka>) -> Result<(), String>
+pub(crate) async fn run<S>(socket: S, peer: String, kafka: Arc<Kafka>) -> Result<(), String>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -65,7 +67,10 @@ where
         wr.flush().await.map_err(|e| e.to_string())?;
         Ok::<(), String>(())
     });
-    let mut session = Session::default();
+    let mut session = Session {
+        peer,
+        ..Session::default()
+    };
     // The previous produce's end: the next one starts after it.
     let mut produce_chain: Option<oneshot::Receiver<()>> = None;
     let result = loop {

@@ -16,6 +16,8 @@ pub mod batch;
 mod conn;
 mod errors;
 mod fetch;
+mod group_api;
+mod groups;
 mod metadata;
 pub mod names;
 mod produce;
@@ -55,6 +57,9 @@ pub struct KafkaConfig {
     pub partitions_max: i32,
     /// Most records one produced batch may hold.
     pub batch_records_max: usize,
+    /// How long a consumer group's join phase waits for more members after the
+    /// last expected one joined (Kafka's group.initial.rebalance.delay.ms).
+    pub group_join_delay: Duration,
 }
 
 impl KafkaConfig {
@@ -70,6 +75,7 @@ impl KafkaConfig {
             default_partitions: 1,
             partitions_max: 1_024,
             batch_records_max: 100_000,
+            group_join_delay: Duration::from_millis(500),
         }
     }
 
@@ -107,6 +113,9 @@ pub struct Kafka {
     pub(crate) cluster_id: String,
     pub(crate) shutdown: ShutdownSignal,
     pub(crate) long_poll_max: Duration,
+    pub(crate) groups: Arc<groups::Coordinator>,
+    /// How long a group's join phase waits for more members to arrive.
+    pub(crate) join_delay: Duration,
 }
 
 /// This node's broker id: one node, one broker.
@@ -133,8 +142,16 @@ pub async fn serve(
         cluster_id,
         shutdown: shutdown.clone(),
         long_poll_max: Duration::from_secs(30),
+        groups: Arc::new(groups::Coordinator::default()),
+        join_delay: config.group_join_delay,
         config,
     });
+    tokio::spawn(
+        kafka
+            .groups
+            .clone()
+            .tick(kafka.join_delay, shutdown.clone()),
+    );
     tracing::info!(kafka_listen = %bound, advertise = %format!("{}:{}", kafka.host, kafka.port), tls = tls.is_some(), "serving Kafka clients");
     loop {
         let accepted = tokio::select! {
@@ -166,12 +183,12 @@ pub async fn serve(
                     )
                     .await;
                     match accepted {
-                        Ok(Ok(s)) => conn::run(s, kafka).await,
+                        Ok(Ok(s)) => conn::run(s, peer.ip().to_string(), kafka).await,
                         Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
                         Err(_) => Err("TLS handshake timed out".to_string()),
                     }
                 }
-                None => conn::run(socket, kafka).await,
+                None => conn::run(socket, peer.ip().to_string(), kafka).await,
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "kafka connection closed");
