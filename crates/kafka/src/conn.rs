@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::{ApiKey, RequestHeader};
 use kafka_protocol::protocol::Decodable;
 use picomq_http::auth::Principal;
@@ -75,8 +75,10 @@ where
     let mut produce_chain: Option<oneshot::Receiver<()>> = None;
     let result = loop {
         let frame = tokio::select! {
-            f = read_frame(&mut rd, kafka.config.max_request_bytes, kafka.config.idle_timeout) => f,
+            f = read_frame(&mut rd, &kafka.config) => f,
             () = kafka.shutdown.fired() => break Ok(()),
+            // The writer stopped (an answer closed the connection): stop reading.
+            () = order_tx.closed() => break Ok(()),
         };
         let frame = match frame {
             Ok(Some(f)) => f,
@@ -144,9 +146,9 @@ where
 /// The next frame; `None` when the client closed the connection between frames.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
-    max: usize,
-    idle: std::time::Duration,
+    config: &crate::KafkaConfig,
 ) -> Result<Option<Bytes>, String> {
+    let (max, idle) = (config.max_request_bytes, config.idle_timeout);
     let mut len = [0u8; 4];
     match tokio::time::timeout(idle, rd.read_exact(&mut len)).await {
         Err(_) => return Err(format!("idle for {idle:?}")),
@@ -163,17 +165,19 @@ async fn read_frame<R: AsyncRead + Unpin>(
             "a request frame of {len} bytes is over --kafka-max-request-bytes ({max})"
         ));
     }
-    let mut body = BytesMut::zeroed(len as usize);
+    // Memory follows what arrives, not what the length promises: a client that
+    // announces a large frame and sends nothing holds no buffer for it.
+    let mut body = Vec::with_capacity((len as usize).min(64 << 10));
+    let mut limited = (&mut *rd).take(len as u64);
+    let read = limited.read_to_end(&mut body);
     // A frame that starts must finish: a client stalling half way is cut off.
-    match tokio::time::timeout(
-        idle.min(std::time::Duration::from_secs(60)),
-        rd.read_exact(&mut body),
-    )
-    .await
-    {
+    match tokio::time::timeout(config.request_read_timeout, read).await {
         Err(_) => Err("a request frame stalled half way".into()),
         Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(_)) => Ok(Some(body.freeze())),
+        Ok(Ok(n)) if n < len as usize => {
+            Err("the connection closed half way through a frame".into())
+        }
+        Ok(Ok(_)) => Ok(Some(Bytes::from(body))),
     }
 }
 

@@ -48,6 +48,9 @@ pub struct KafkaConfig {
     pub in_flight_per_connection: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
+    /// A request frame, once begun, must arrive within this (a client that
+    /// stalls half way through one is cut off).
+    pub request_read_timeout: Duration,
     /// Whether Metadata and Produce create topics that do not exist (as Kafka's
     /// `auto.create.topics.enable`); a creating token's `create` scope still applies.
     pub auto_create_topics: bool,
@@ -71,6 +74,7 @@ impl KafkaConfig {
             max_connections: 10_000,
             in_flight_per_connection: 32,
             idle_timeout: Duration::from_secs(600),
+            request_read_timeout: Duration::from_secs(30),
             auto_create_topics: true,
             default_partitions: 1,
             partitions_max: 1_024,

@@ -9,7 +9,100 @@ use picomq::{cli, config_file, identity, serve};
 /// objects per append across threads, where glibc spent ~16% of the server's
 /// instructions (benchmarks/results/profile.txt).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Allocator = Allocator;
+
+/// mimalloc, except for single allocations of [`HUGE`] or more: nothing in PicoMQ
+/// makes one (every buffer is bounded far below), but a decoder that sizes a vector
+/// from a count read off the wire can ask for one before it finds the count is a
+/// lie. kafka-protocol 0.18 does so for every array of a Kafka request: eleven
+/// bytes claiming a billion Metadata topics asked for 72 GB, and a failed
+/// allocation aborts the process. Such requests are mapped with MAP_NORESERVE
+/// instead: only the pages written are ever committed (no more than the frame's
+/// bytes can fill, within --kafka-max-request-bytes), so the decoder reaches the
+/// end of the frame and returns its error, and the connection is closed.
+struct Allocator;
+
+const HUGE: usize = 1 << 32;
+
+#[cfg(target_os = "linux")]
+mod lazy_map {
+    use std::ffi::{c_int, c_long, c_void};
+
+    extern "C" {
+        fn mmap(
+            addr: *mut c_void,
+            len: usize,
+            prot: c_int,
+            flags: c_int,
+            fd: c_int,
+            off: c_long,
+        ) -> *mut c_void;
+        fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    }
+    // The same numbers on x86_64 and aarch64 Linux.
+    const PROT_READ_WRITE: c_int = 1 | 2;
+    const MAP_PRIVATE_ANONYMOUS_NORESERVE: c_int = 0x02 | 0x20 | 0x4000;
+
+    /// Zeroed, page-aligned, committed only where written; null if refused.
+    pub unsafe fn map(len: usize) -> *mut u8 {
+        let p = mmap(
+            std::ptr::null_mut(),
+            len,
+            PROT_READ_WRITE,
+            MAP_PRIVATE_ANONYMOUS_NORESERVE,
+            -1,
+            0,
+        );
+        if p as isize == -1 {
+            std::ptr::null_mut()
+        } else {
+            p.cast()
+        }
+    }
+
+    pub unsafe fn unmap(p: *mut u8, len: usize) {
+        munmap(p.cast(), len);
+    }
+}
+
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        #[cfg(target_os = "linux")]
+        if layout.size() >= HUGE && layout.align() <= 4096 {
+            return lazy_map::map(layout.size());
+        }
+        mimalloc::MiMalloc.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        #[cfg(target_os = "linux")]
+        if layout.size() >= HUGE && layout.align() <= 4096 {
+            return lazy_map::map(layout.size());
+        }
+        mimalloc::MiMalloc.alloc_zeroed(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        #[cfg(target_os = "linux")]
+        if layout.size() >= HUGE && layout.align() <= 4096 {
+            return lazy_map::unmap(ptr, layout.size());
+        }
+        mimalloc::MiMalloc.dealloc(ptr, layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if layout.size() < HUGE && new_size < HUGE {
+            return mimalloc::MiMalloc.realloc(ptr, layout, new_size);
+        }
+        let new = std::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
+        let p = self.alloc(new);
+        if !p.is_null() {
+            std::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
+            self.dealloc(ptr, layout);
+        }
+        p
+    }
+}
 
 extern "C" {
     /// mimalloc's option setter (linked in by the `mimalloc` crate).

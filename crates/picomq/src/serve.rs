@@ -269,6 +269,13 @@ pub struct KafkaArgs {
     /// auto.create.topics.enable); the client still needs the create scope.
     #[arg(long, env = "PICOMQ_KAFKA_AUTO_CREATE_TOPICS", default_value_t = kafka_defaults().auto_create_topics, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kafka_auto_create_topics: bool,
+    /// A Kafka request, once begun, must arrive within this; a client that stalls
+    /// half way through one is disconnected.
+    #[arg(long, env = "PICOMQ_KAFKA_REQUEST_READ_TIMEOUT", default_value_t = human(kafka_defaults().request_read_timeout))]
+    pub kafka_request_read_timeout: HumanDuration,
+    /// A Kafka connection that sends nothing for this long is closed.
+    #[arg(long, env = "PICOMQ_KAFKA_IDLE_TIMEOUT", default_value_t = human(kafka_defaults().idle_timeout))]
+    pub kafka_idle_timeout: HumanDuration,
     /// Partitions of an auto-created topic (Kafka's num.partitions).
     #[arg(long, env = "PICOMQ_KAFKA_DEFAULT_PARTITIONS", default_value_t = kafka_defaults().default_partitions, value_parser = clap::value_parser!(i32).range(1..=1024))]
     pub kafka_default_partitions: i32,
@@ -287,6 +294,8 @@ impl KafkaArgs {
             k.max_connections = self.kafka_max_connections;
             k.auto_create_topics = self.kafka_auto_create_topics;
             k.default_partitions = self.kafka_default_partitions;
+            k.request_read_timeout = self.kafka_request_read_timeout.0;
+            k.idle_timeout = self.kafka_idle_timeout.0;
             k
         });
     }

@@ -27,6 +27,7 @@ mod consumer_hardening;
 mod gc;
 mod graceful_shutdown;
 mod group_commit;
+mod kafka_bad_input;
 mod native_api;
 mod read_offsets;
 mod restart_recovery;
