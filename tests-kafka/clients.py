@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,8 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
                                    ConfigResource, NewPartitions, NewTopic)
 
 BIN = sys.argv[1]
+# The TLS test's server has a self-signed certificate.
+UNVERIFIED = ssl._create_unverified_context()
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 BOOTSTRAP_SECRET = "kafka-ci-bootstrap-" + "0123456789abcdef" * 2
 
@@ -56,7 +59,8 @@ class Server:
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if "--tls-cert" in self.extra else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
 
     @property
     def bootstrap(self):
@@ -72,7 +76,7 @@ class Server:
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
-                urllib.request.urlopen(self.url + "/readyz", timeout=1)
+                urllib.request.urlopen(self.url + "/readyz", timeout=1, context=UNVERIFIED)
                 return
             except Exception:
                 time.sleep(0.1)
@@ -102,7 +106,7 @@ class Server:
         if token:
             req.add_header("Authorization", "Bearer " + token)
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=30, context=UNVERIFIED) as r:
                 return r.status, r.read(), dict(r.headers)
         except urllib.error.HTTPError as e:
             return e.code, e.read(), dict(e.headers)
@@ -598,6 +602,32 @@ def test_kafkajs(srv):
     return text.splitlines()[-1].removeprefix("PASS kafkajs: ")
 
 
+def test_tls(srv):
+    """The Kafka listener over TLS, with the server's certificate (--tls-cert)."""
+    topic = "tls-" + uuid.uuid4().hex[:8]
+    conf = {"bootstrap.servers": srv.bootstrap, "security.protocol": "SSL",
+            "ssl.ca.location": srv.tls_ca, "ssl.endpoint.identification.algorithm": "none"}
+    reports = produce_all(Producer({**conf, "acks": "all"}),
+                          [(topic, 0, b"k", b"over tls", None, None)])
+    check(reports[0][0] is None, f"produce over TLS: {reports[0][0]}")
+    got = consume(srv.bootstrap, topic, [0], 1, extra=conf)
+    check(got[0].value() == b"over tls", "consume over TLS")
+    # A plaintext client cannot talk to it.
+    p = Producer({"bootstrap.servers": srv.bootstrap, "message.timeout.ms": 3000})
+    reports = produce_all(p, [(topic, 0, None, b"x", None, None)], flush_timeout=20)
+    check(reports[0][0] is not None, "a plaintext client produced to the TLS listener")
+    return "produce and consume over TLS; plaintext refused"
+
+
+def tls_args():
+    d = tempfile.mkdtemp()
+    key, cert = os.path.join(d, "key.pem"), os.path.join(d, "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return ["--tls-cert", cert, "--tls-key", key], cert
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[2] == "--group-member":
         group_member(*sys.argv[3:7], int(sys.argv[7]))
@@ -616,16 +646,21 @@ def main():
         # the server is killed.
         ("slow store", [test_idempotent_producer_through_kill9], ["--store-latency", "20ms"]),
         ("auth", [test_sasl_scopes], None),
+        ("tls", [test_tls], "tls"),
     ]:
         tests = [t for t in tests if not wanted or t.__name__ in wanted]
         if not tests:
             continue
+        ca = None
+        if extra == "tls":
+            extra, ca = tls_args()
         if extra is None:
             secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
             with open(secret_file, "w") as f:
                 f.write(BOOTSTRAP_SECRET)
             extra = ["--auth", "required", "--bootstrap-token-file", secret_file]
         srv = Server(*extra)
+        srv.tls_ca = ca
         try:
             for t in tests:
                 t0 = time.time()

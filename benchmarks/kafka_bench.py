@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Produce and consume throughput of any Kafka broker through librdkafka
+(confluent-kafka), for benchmarks/kafka.sh.
+
+The topic (one partition) is created through the admin API unless it exists. Then
+--records records of --record-bytes each are produced to partition 0 with acks=all
+(linger.ms=5, compression off, a queue large enough never to block for long): the
+figure is records over the wall time from the first produce() to the last delivery
+report; the ack latency of each record is librdkafka's own (Message.latency(): from
+produce() to the delivery report). Then an assigned consumer (no group) reads them
+all back from offset 0: records over the wall time from assign() to the last record.
+Every delivery must succeed and every record come back, in order, at its length.
+
+With --server-pid: the broker's CPU seconds (utime + stime, /proc/PID/stat) in each
+phase. Prints one line per figure; --json FILE also writes them as one JSON object.
+
+  python3 benchmarks/kafka_bench.py 127.0.0.1:9092 --records 200000
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except OSError:
+        return None
+
+
+def percentile(sorted_values, p):
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
+def ensure_topic(bootstrap, topic, timeout):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
+                              operation_timeout=timeout, request_timeout=timeout)[topic]
+    try:
+        fut.result(timeout)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    # Until the broker names the partition and its leader.
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        md = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is not None and md.error is None and 0 in md.partitions and md.partitions[0].leader >= 0:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"topic {topic} has no leader for partition 0 after {timeout}s")
+
+
+def produce(args):
+    latencies = []
+    errors = []
+
+    def delivered(err, msg):
+        if err is not None:
+            errors.append(str(err))
+        else:
+            latencies.append(msg.latency())
+
+    p = Producer({
+        "bootstrap.servers": args.bootstrap,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "none",
+        "queue.buffering.max.messages": max(100000, args.records),
+        "queue.buffering.max.kbytes": 4 * 1024 * 1024,
+        "message.timeout.ms": args.timeout * 1000,
+        "on_delivery": delivered,
+    })
+    # Metadata first, so the clock starts with a client that knows the leader.
+    p.list_topics(args.topic, timeout=args.timeout)
+    value = os.urandom(args.record_bytes)
+    cpu0 = cpu_seconds(args.server_pid)
+    t0 = time.perf_counter()
+    for i in range(args.records):
+        while True:
+            try:
+                p.produce(args.topic, value, partition=0)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 999:
+            p.poll(0)
+    left = p.flush(args.timeout)
+    elapsed = time.perf_counter() - t0
+    cpu1 = cpu_seconds(args.server_pid)
+    if left or errors or len(latencies) != args.records:
+        raise SystemExit(f"produce: {left} undelivered, {len(errors)} failed "
+                         f"(first: {errors[:1]}), {len(latencies)} acknowledged of {args.records}")
+    latencies.sort()
+    return {
+        "produce_records_per_s": args.records / elapsed,
+        "produce_mib_per_s": args.records * args.record_bytes / elapsed / 2**20,
+        "produce_s": elapsed,
+        "ack_p50_ms": percentile(latencies, 50) * 1000,
+        "ack_p99_ms": percentile(latencies, 99) * 1000,
+        "ack_max_ms": latencies[-1] * 1000,
+        "produce_server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+    }
+
+
+def consume(args):
+    c = Consumer({
+        "bootstrap.servers": args.bootstrap,
+        "group.id": "kafka-bench-" + uuid.uuid4().hex,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+    })
+    cpu0 = cpu_seconds(args.server_pid)
+    t0 = time.perf_counter()
+    c.assign([TopicPartition(args.topic, 0, 0)])
+    got = 0
+    next_offset = None
+    last_progress = time.time()
+    while got < args.records:
+        msgs = c.consume(num_messages=10000, timeout=0.5)
+        if not msgs:
+            if time.time() - last_progress > args.timeout:
+                raise SystemExit(f"consume: {got} of {args.records} records after "
+                                 f"{args.timeout}s without progress")
+            continue
+        last_progress = time.time()
+        for m in msgs:
+            if m.error():
+                raise SystemExit(f"consume: {m.error()}")
+            if next_offset is not None and m.offset() != next_offset:
+                raise SystemExit(f"consume: offset {m.offset()} after {next_offset - 1}")
+            if len(m.value()) != args.record_bytes:
+                raise SystemExit(f"consume: record at {m.offset()} has {len(m.value())} bytes")
+            next_offset = m.offset() + 1
+            got += 1
+    elapsed = time.perf_counter() - t0
+    cpu1 = cpu_seconds(args.server_pid)
+    c.close()
+    return {
+        "consume_records_per_s": got / elapsed,
+        "consume_mib_per_s": got * args.record_bytes / elapsed / 2**20,
+        "consume_s": elapsed,
+        "consume_server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bootstrap", help="HOST:PORT of the broker")
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--record-bytes", type=int, default=1024)
+    ap.add_argument("--topic", default="kafka-bench-" + uuid.uuid4().hex[:8])
+    ap.add_argument("--label", default="broker")
+    ap.add_argument("--server-pid", type=int)
+    ap.add_argument("--timeout", type=int, default=60, help="seconds without progress before giving up")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+
+    ensure_topic(args.bootstrap, args.topic, args.timeout)
+    out = {"label": args.label, "bootstrap": args.bootstrap, "topic": args.topic,
+           "records": args.records, "record_bytes": args.record_bytes}
+    out.update(produce(args))
+    out.update(consume(args))
+
+    def line(name, value, unit=""):
+        print(f"{args.label}: {name:<18} {value}{unit}", flush=True)
+
+    line("produce records/s", f"{out['produce_records_per_s']:,.0f}")
+    line("produce MiB/s", f"{out['produce_mib_per_s']:.1f}")
+    line("ack p50", f"{out['ack_p50_ms']:.1f}", " ms")
+    line("ack p99", f"{out['ack_p99_ms']:.1f}", " ms")
+    line("ack max", f"{out['ack_max_ms']:.1f}", " ms")
+    line("consume records/s", f"{out['consume_records_per_s']:,.0f}")
+    line("consume MiB/s", f"{out['consume_mib_per_s']:.1f}")
+    if out["produce_server_cpu_s"] is not None:
+        line("server CPU", f"{out['produce_server_cpu_s']:.1f} s producing, "
+             f"{out['consume_server_cpu_s']:.1f} s consuming")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
