@@ -591,6 +591,63 @@ def test_consumer_group_members_come_and_go(srv):
             "the committed offsets")
 
 
+def test_consumer_protocol_group(srv):
+    """KIP-848 (group.protocol=consumer, the server assigns): two librdkafka members
+    split a topic's partitions, one leaves and the other takes them all, and a
+    later member resumes at the committed offsets."""
+    topic = "k848-" + uuid.uuid4().hex[:8]
+    admin = AdminClient({"bootstrap.servers": srv.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1)])[topic].result(10)
+    p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
+
+    def produce(lo, hi):
+        produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
+                        for i in range(lo, hi)])
+
+    conf = {"bootstrap.servers": srv.bootstrap, "group.id": "k848-" + uuid.uuid4().hex[:6],
+            "group.protocol": "consumer", "auto.offset.reset": "earliest",
+            "enable.auto.commit": False}
+
+    def drain(consumers, seen, want, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline and len(set().union(*seen.values())) < want:
+            for i, c in consumers.items():
+                m = c.poll(0.05)
+                if m is not None and not m.error():
+                    seen[i].add(int(m.value()))
+                    c.commit(message=m, asynchronous=False)
+        return set().union(*seen.values())
+
+    produce(0, 1000)
+    members = {1: Consumer(conf), 2: Consumer(conf)}
+    for c in members.values():
+        c.subscribe([topic])
+    seen = {1: set(), 2: set()}
+    got = drain(members, seen, 1000)
+    check(got == set(range(1000)), f"two members consumed {len(got)} of 1000")
+    split = [len(members[1].assignment()), len(members[2].assignment())]
+    check(split == [2, 2], f"partitions split {split}")
+    check(seen[1] and seen[2], f"per member {len(seen[1])}, {len(seen[2])}")
+    members.pop(2).close()  # leaves: member epoch -1
+    produce(1000, 1500)
+    seen = {1: set()}
+    got = drain(members, seen, 500)
+    check(got == set(range(1000, 1500)), f"the remaining member got {len(got)} of 500")
+    check(len(members[1].assignment()) == 4, "the remaining member owns every partition")
+    members.pop(1).close()
+    produce(1500, 1700)
+    late = {3: Consumer(conf)}
+    late[3].subscribe([topic])
+    seen = {3: set()}
+    got = drain(late, seen, 200)
+    time.sleep(1)
+    got = drain(late, seen, 10**9, timeout=1)
+    late[3].close()
+    check(got == set(range(1500, 1700)),
+          f"the later member got {len(got)}, {len([v for v in got if v < 1500])} already committed")
+    return "2 members split 4 partitions; one left, the other took all; a later member resumed"
+
+
 def test_kafkajs(srv):
     """kafkajs (npm): admin, an idempotent gzip producer with keys and headers, a
     consumer group of two, a later member resuming at the commits."""
@@ -637,7 +694,8 @@ def main():
     print("confluent-kafka", confluent_kafka.version(), "librdkafka", confluent_kafka.libversion()[0])
     plain = [test_librdkafka_codecs_keys_headers, test_kafka_and_http_are_one_stream,
              test_partitions_and_admin, test_kafka_python, test_kcat,
-             test_consumer_group_members_come_and_go, test_kafkajs]
+             test_consumer_group_members_come_and_go, test_consumer_protocol_group,
+             test_kafkajs]
     wanted = sys.argv[2:]
     failed = 0
     for name, tests, extra in [

@@ -10,7 +10,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 use crate::conn::{Request, Session};
 use crate::errors::code;
-use crate::{admin, fetch, group_api, metadata, produce, Kafka};
+use crate::{admin, consumer_protocol, fetch, group_api, metadata, produce, Kafka};
 
 /// What a request gets.
 pub(crate) enum Answer {
@@ -45,8 +45,9 @@ pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
     (ApiKey::LeaveGroup, 0, 5),
-    (ApiKey::OffsetCommit, 2, 8),
-    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DeleteGroups, 0, 2),
@@ -86,6 +87,17 @@ pub(crate) fn decode<R: Decodable>(request: &Request) -> Result<R, Answer> {
 
 /// A request other than ApiVersions and SASL.
 pub(crate) async fn handle(kafka: &Kafka, session: &Session, request: Request) -> Answer {
+    handle_produce(kafka, session, request, None).await
+}
+
+/// [`handle`], with the signal a produce request gives once its appends are in
+/// order (see `conn.rs`); other requests drop it at once.
+pub(crate) async fn handle_produce(
+    kafka: &Kafka,
+    session: &Session,
+    request: Request,
+    sequenced: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Answer {
     let version = request.header.request_api_version;
     if !supports(request.key, version) {
         return Answer::Close(format!(
@@ -100,7 +112,10 @@ pub(crate) async fn handle(kafka: &Kafka, session: &Session, request: Request) -
         }
     }
     let r = match request.key {
-        ApiKey::Produce => produce::produce(kafka, session, &request).await,
+        ApiKey::Produce => {
+            let (tx, _unused) = tokio::sync::oneshot::channel();
+            produce::produce(kafka, session, &request, sequenced.unwrap_or(tx)).await
+        }
         ApiKey::Fetch => fetch::fetch(kafka, session, &request).await,
         ApiKey::ListOffsets => metadata::list_offsets(kafka, session, &request).await,
         ApiKey::Metadata => metadata::metadata(kafka, session, &request).await,
@@ -125,6 +140,9 @@ pub(crate) async fn handle(kafka: &Kafka, session: &Session, request: Request) -
         ApiKey::DescribeGroups => group_api::describe_groups(kafka, session, &request).await,
         ApiKey::ListGroups => group_api::list_groups(kafka, session, &request).await,
         ApiKey::DeleteGroups => group_api::delete_groups(kafka, session, &request).await,
+        ApiKey::ConsumerGroupHeartbeat => {
+            consumer_protocol::heartbeat(kafka, session, &request).await
+        }
         other => Err(Answer::Close(format!("{other:?} is not served"))),
     };
     r.unwrap_or_else(|a| a)

@@ -5,7 +5,9 @@
 //! the connection is not read until the oldest answer is written, so a client that
 //! does not read its answers stops being read. Produce requests run one after the
 //! other in the order they came, so a producer's batches reach each stream in its
-//! order (idempotent producers depend on it). SASL requests run in line: the next
+//! order (idempotent producers depend on it): the next starts once the last one's
+//! appends have their place in their streams, before they are durable, so a
+//! producer's requests in flight share flushes. SASL requests run in line: the next
 //! request is read only once the connection's identity is settled.
 
 use std::sync::Arc;
@@ -124,8 +126,8 @@ where
                     if let Some(previous) = previous {
                         let _ = previous.await;
                     }
-                    let answer = api::handle(&kafka, &session, request).await;
-                    let _ = done_tx.send(());
+                    let answer =
+                        api::handle_produce(&kafka, &session, request, Some(done_tx)).await;
                     let _ = tx.send(answer);
                 });
             }

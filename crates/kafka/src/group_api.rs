@@ -505,6 +505,24 @@ pub(crate) async fn describe_groups(
             Ok(key) => {
                 if let Some(g) = kafka.groups.existing(&key) {
                     let g = g.lock().await;
+                    if !g.consumer.members.is_empty() {
+                        // A KIP-848 group, as far as the classic API can show it.
+                        out.group_state = text("Stable");
+                        out.protocol_type = text("consumer");
+                        out.members = g
+                            .consumer
+                            .members
+                            .iter()
+                            .map(|(mid, m)| {
+                                DescribedGroupMember::default()
+                                    .with_member_id(text(mid))
+                                    .with_client_id(text(&m.client_id))
+                                    .with_client_host(text(&m.client_host))
+                            })
+                            .collect();
+                        resp.groups.push(out);
+                        continue;
+                    }
                     out.group_state = text(g.state.name());
                     out.protocol_type = text(&g.protocol_type);
                     out.protocol_data = text(g.protocol.as_deref().unwrap_or(""));
@@ -573,7 +591,11 @@ pub(crate) async fn list_groups(
         let (state, ptype) = match kafka.groups.existing(&key) {
             Some(g) => {
                 let g = g.lock().await;
-                (g.state.name(), g.protocol_type.clone())
+                if g.consumer.members.is_empty() {
+                    (g.state.name(), g.protocol_type.clone())
+                } else {
+                    ("Stable", "consumer".to_string())
+                }
             }
             None => ("Empty", "consumer".to_string()),
         };

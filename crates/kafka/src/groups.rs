@@ -115,6 +115,8 @@ pub(crate) struct Group {
     pub offsets: BTreeMap<(String, i32), Committed>,
     offsets_loaded: bool,
     commits_since_snapshot: u64,
+    /// Its members of the KIP-848 protocol (a group uses one protocol or the other).
+    pub consumer: crate::consumer_protocol::ConsumerState,
 }
 
 /// Every group this node coordinates.
@@ -142,7 +144,10 @@ impl Coordinator {
             // Forget a group nobody is in (its offsets stay durable).
             let idle = groups
                 .iter()
-                .find(|(_, g)| g.try_lock().is_ok_and(|g| g.members.is_empty()))
+                .find(|(_, g)| {
+                    g.try_lock()
+                        .is_ok_and(|g| g.members.is_empty() && g.consumer.members.is_empty())
+                })
                 .map(|(k, _)| k.clone());
             groups.remove(&idle?);
         }
@@ -158,6 +163,7 @@ impl Coordinator {
             offsets: BTreeMap::new(),
             offsets_loaded: false,
             commits_since_snapshot: 0,
+            consumer: Default::default(),
         }));
         groups.insert(key.to_string(), g.clone());
         Some(g)
@@ -213,6 +219,8 @@ impl Coordinator {
                 let mut g = g.lock().await;
                 g.expire(Instant::now());
                 g.complete_join(join_delay, Instant::now());
+                let key = g.key.clone();
+                g.consumer.expire(Instant::now(), &key);
             }
         }
     }
@@ -263,6 +271,9 @@ impl Group {
         };
         if req.session < SESSION_MIN || req.session > SESSION_MAX {
             return Err(refuse(INVALID_SESSION_TIMEOUT, req.member_id));
+        }
+        if !self.consumer.members.is_empty() {
+            return Err(refuse(INCONSISTENT_GROUP_PROTOCOL, req.member_id));
         }
         if self.members.is_empty() {
             self.protocol_type = req.protocol_type.clone();
@@ -516,8 +527,11 @@ impl Group {
     /// Checks a commit's member and generation (`-1`: a commit from outside the
     /// group's membership, as a consumer that assigns itself makes).
     pub fn may_commit(&self, member: &str, generation: i32) -> i16 {
+        if let Some(c) = self.consumer.may_commit(member, generation) {
+            return c;
+        }
         if generation < 0 && member.is_empty() {
-            return if self.members.is_empty() {
+            return if self.members.is_empty() && self.consumer.members.is_empty() {
                 code::NONE
             } else {
                 // Kafka lets a group with members take only its members' commits.

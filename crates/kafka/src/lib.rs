@@ -14,6 +14,7 @@ mod admin;
 mod api;
 pub mod batch;
 mod conn;
+mod consumer_protocol;
 mod errors;
 mod fetch;
 mod group_api;
@@ -120,6 +121,27 @@ pub struct Kafka {
     pub(crate) groups: Arc<groups::Coordinator>,
     /// How long a group's join phase waits for more members to arrive.
     pub(crate) join_delay: Duration,
+    /// Topic ids handed out, and the partition-0 stream (absolute) of each: a
+    /// KIP-848 client asks Metadata by id. Bounded: cleared when full.
+    pub(crate) topic_ids: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, String>>,
+}
+
+impl Kafka {
+    pub(crate) fn remember_topic(&self, id: uuid::Uuid, base: &str) {
+        let mut ids = self.topic_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.len() >= 100_000 {
+            ids.clear();
+        }
+        ids.insert(id, base.to_string());
+    }
+
+    pub(crate) fn topic_of_id(&self, id: &uuid::Uuid) -> Option<String> {
+        self.topic_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
 }
 
 /// This node's broker id: one node, one broker.
@@ -148,6 +170,7 @@ pub async fn serve(
         long_poll_max: Duration::from_secs(30),
         groups: Arc::new(groups::Coordinator::default()),
         join_delay: config.group_join_delay,
+        topic_ids: Default::default(),
         config,
     });
     tokio::spawn(

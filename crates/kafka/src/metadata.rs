@@ -17,8 +17,11 @@ use picomq_http::auth::Op;
 
 use crate::api::{decode, frame, Answer};
 use crate::conn::{Request, Session};
+use crate::consumer_protocol::topic_id;
 use crate::errors::{self, code};
 use crate::{names, topics, Kafka, NODE_ID};
+
+const UNKNOWN_TOPIC_ID: i16 = 100;
 
 /// Topics a Metadata request for "all topics" lists at most.
 const LISTED_MAX: usize = 10_000;
@@ -30,9 +33,10 @@ fn broker(kafka: &Kafka) -> MetadataResponseBroker {
         .with_port(kafka.port)
 }
 
-fn topic_entry(name: &str, partitions: i32) -> MetadataResponseTopic {
+fn topic_entry(name: &str, id: uuid::Uuid, partitions: i32) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(StrBytes::from_string(name.to_string()))))
+        .with_topic_id(id)
         .with_partitions(
             (0..partitions)
                 .map(|p| {
@@ -67,13 +71,30 @@ pub(crate) async fn metadata(
         None => resp.topics = all_topics(kafka, session).await,
         Some(asked) => {
             for t in asked {
-                let Some(name) = &t.name else {
-                    continue;
-                };
-                let name = name.0.as_str();
                 let auto = req.allow_auto_topic_creation && kafka.config.auto_create_topics;
+                let name = match &t.name {
+                    Some(name) => name.0.to_string(),
+                    // By id (a KIP-848 member resolving its assignment).
+                    None => {
+                        let access = topics::access(kafka, session);
+                        let shown = kafka
+                            .topic_of_id(&t.topic_id)
+                            .and_then(|abs| access.shown(&abs).and_then(names::topic_of));
+                        match shown {
+                            Some(name) => name,
+                            None => {
+                                resp.topics.push(
+                                    MetadataResponseTopic::default()
+                                        .with_topic_id(t.topic_id)
+                                        .with_error_code(UNKNOWN_TOPIC_ID),
+                                );
+                                continue;
+                            }
+                        }
+                    }
+                };
                 resp.topics
-                    .push(one_topic(kafka, session, name, auto).await);
+                    .push(one_topic(kafka, session, &name, auto).await);
             }
         }
     }
@@ -95,19 +116,23 @@ async fn one_topic(
             Err((c, _)) => return topic_error(name, c),
         },
     };
-    let n = match topics::partition_count(kafka, &base).await {
-        Ok(n) => n,
+    match topics::partition_count_and_id(kafka, &base).await {
+        Ok(Some((n, id))) => {
+            return topic_entry(name, topic_id(&kafka.cluster_id, id, &base), n);
+        }
+        Ok(None) => {}
         Err(e) => return topic_error(name, errors::of(&e).0),
-    };
-    if n > 0 {
-        return topic_entry(name, n);
     }
     if !auto || !access.allows(Op::Create, &base) {
         return topic_error(name, code::UNKNOWN_TOPIC_OR_PARTITION);
     }
     let partitions = kafka.config.default_partitions;
-    match topics::create_partitions(kafka, &base, 0, partitions, None).await {
-        Ok(()) => topic_entry(name, partitions),
+    if let Err(e) = topics::create_partitions(kafka, &base, 0, partitions, None).await {
+        return topic_error(name, errors::of(&e).0);
+    }
+    match topics::partition_count_and_id(kafka, &base).await {
+        Ok(Some((n, id))) => topic_entry(name, topic_id(&kafka.cluster_id, id, &base), n),
+        Ok(None) => topic_error(name, code::UNKNOWN_TOPIC_OR_PARTITION),
         Err(e) => topic_error(name, errors::of(&e).0),
     }
 }
@@ -118,6 +143,7 @@ async fn all_topics(kafka: &Kafka, session: &Session) -> Vec<MetadataResponseTop
     let access = topics::access(kafka, session);
     let namespace = access.namespace().to_string();
     let mut names = Vec::new();
+    let mut ids = std::collections::HashMap::new();
     let mut after = String::new();
     while names.len() < LISTED_MAX {
         let page = match kafka.engine.list(&namespace, &after, 1_000).await {
@@ -129,6 +155,7 @@ async fn all_topics(kafka: &Kafka, session: &Session) -> Vec<MetadataResponseTop
         };
         for s in &page.streams {
             if topics::visible(&access, &s.name) {
+                ids.insert(s.name.clone(), s.id);
                 names.push(s.name.clone());
             }
         }
@@ -160,7 +187,9 @@ async fn all_topics(kafka: &Kafka, session: &Session) -> Vec<MetadataResponseTop
         .filter_map(|(abs, n)| {
             let shown = access.shown(abs)?;
             let topic = names::topic_of(shown)?;
-            Some(topic_entry(&topic, n))
+            let id = topic_id(&kafka.cluster_id, ids[abs], abs);
+            kafka.remember_topic(id, abs);
+            Some(topic_entry(&topic, id, n))
         })
         .collect()
 }

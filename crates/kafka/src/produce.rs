@@ -17,6 +17,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use picomq_engine::{AppendOutcome, AppendRequest, NewRecord, Producer, RecordExt};
 use picomq_http::auth::Op;
+use tokio::sync::oneshot;
 
 use crate::api::{decode, frame, Answer};
 use crate::batch::{self, BatchError, Limits};
@@ -24,10 +25,13 @@ use crate::conn::{Request, Session};
 use crate::errors::{self, code};
 use crate::{topics, Kafka};
 
+/// `sequenced` hears once every partition's append has its place (or failed): the
+/// connection's next produce request may start then.
 pub(crate) async fn produce(
     kafka: &Kafka,
     session: &Session,
     request: &Request,
+    sequenced: oneshot::Sender<()>,
 ) -> Result<Answer, Answer> {
     let req: ProduceRequest = decode(request)?;
     let acks = req.acks;
@@ -38,23 +42,32 @@ pub(crate) async fn produce(
         }
     }
     let transactional = req.transactional_id.is_some();
-    let results = join_all(work.iter().map(|(topic, p, records)| async move {
-        let r = if !matches!(acks, -1..=1) {
-            Err((
-                code::INVALID_REQUIRED_ACKS,
-                format!("acks={acks}: use 0, 1 or all (-1)"),
-            ))
-        } else if transactional {
-            Err((
-                code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                "transactions are not supported yet (docs/kafka.md)".to_string(),
-            ))
-        } else {
-            partition(kafka, session, topic, *p, records.clone()).await
-        };
-        (*topic, *p, r)
-    }))
-    .await;
+    let (signals, waits): (Vec<_>, Vec<_>) = work.iter().map(|_| oneshot::channel()).unzip();
+    let all_sequenced = async move {
+        for w in waits {
+            let _ = w.await;
+        }
+        let _ = sequenced.send(());
+    };
+    let appends = join_all(work.iter().zip(signals).map(
+        |((topic, p, records), signal)| async move {
+            let r = if !matches!(acks, -1..=1) {
+                Err((
+                    code::INVALID_REQUIRED_ACKS,
+                    format!("acks={acks}: use 0, 1 or all (-1)"),
+                ))
+            } else if transactional {
+                Err((
+                    code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    "transactions are not supported yet (docs/kafka.md)".to_string(),
+                ))
+            } else {
+                partition(kafka, session, topic, *p, records.clone(), signal).await
+            };
+            (*topic, *p, r)
+        },
+    ));
+    let ((), results) = futures::join!(all_sequenced, appends);
     if acks == 0 {
         return Ok(Answer::None);
     }
@@ -97,6 +110,7 @@ async fn partition(
     topic: &str,
     p: i32,
     records: Option<bytes::Bytes>,
+    sequenced: oneshot::Sender<()>,
 ) -> Result<i64, topics::Refusal> {
     let name = topics::stream_name(kafka, session, topic, p, Op::Append)?;
     let records = records.ok_or((code::CORRUPT_MESSAGE, "no records".to_string()))?;
@@ -176,7 +190,7 @@ async fn partition(
             first_seq: Some(first),
         });
     }
-    match kafka.engine.append(append).await {
+    match kafka.engine.append_signalled(append, Some(sequenced)).await {
         Ok(AppendOutcome::Appended { seqs, .. }) => Ok(seqs.start as i64),
         Ok(AppendOutcome::Duplicate { .. }) => Ok(-1),
         Err(e) => Err(errors::of(&e)),

@@ -63,11 +63,22 @@ pub(crate) async fn partition(
 /// How many partitions the topic whose partition 0 is the absolute stream `base`
 /// has: 0 when `base` does not exist, else 1 and its `~N` streams from 1 up.
 pub(crate) async fn partition_count(kafka: &Kafka, base: &StreamName) -> Result<i32, EngineError> {
-    match kafka.engine.stream(base).await {
-        Ok(_) => {}
-        Err(EngineError::NotFound | EngineError::Gone) => return Ok(0),
+    Ok(partition_count_and_id(kafka, base)
+        .await?
+        .map_or(0, |(n, _)| n))
+}
+
+/// [`partition_count`] and the id of the partition-0 stream; `None` when there is
+/// no such topic.
+pub(crate) async fn partition_count_and_id(
+    kafka: &Kafka,
+    base: &StreamName,
+) -> Result<Option<(i32, u64)>, EngineError> {
+    let id = match kafka.engine.stream(base).await {
+        Ok(s) => s.handle.config.id,
+        Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
         Err(e) => return Err(e),
-    }
+    };
     let prefix = format!("{base}~");
     let max = kafka.config.partitions_max;
     let page = kafka.engine.list(&prefix, "", max as u32 + 16).await?;
@@ -82,7 +93,11 @@ pub(crate) async fn partition_count(kafka: &Kafka, base: &StreamName) -> Result<
     while n < max && found.contains(&n) {
         n += 1;
     }
-    Ok(n)
+    kafka.remember_topic(
+        crate::consumer_protocol::topic_id(&kafka.cluster_id, id, base),
+        base,
+    );
+    Ok(Some((n, id)))
 }
 
 /// Creates partitions `from..to` of the topic whose partition 0 is `base`.

@@ -95,6 +95,18 @@ impl Service {
     }
 
     pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome> {
+        self.append_signalled(req, None).await
+    }
+
+    /// [`Service::append`], telling `sequenced` once the append has its place in the
+    /// stream (or was refused) and before it waits to be durable: a caller that
+    /// must keep several appends in order (a Kafka connection's produce requests)
+    /// starts the next one then, and they share flushes.
+    pub async fn append_signalled(
+        &self,
+        req: AppendRequest,
+        mut sequenced: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<AppendOutcome> {
         if req.body.len() > self.inner.config.append_bytes_max {
             return Err(EngineError::PayloadTooLarge(format!(
                 "append of {} bytes exceeds the limit of {} bytes",
@@ -142,6 +154,9 @@ impl Service {
                     Sequenced::Wait(op, outcome) => (op, outcome),
                 }
             };
+            if let Some(tx) = sequenced.take() {
+                let _ = tx.send(());
+            }
             self.wait_durable(&handle, wait_op).await?;
             let c = &self.inner.counters;
             c.append_seconds.observe(started.elapsed().as_secs_f64());
