@@ -176,9 +176,9 @@ pub(crate) async fn heartbeat(
         resp.error_message = Some(StrBytes::from_string(m));
         frame(ApiKey::ConsumerGroupHeartbeat, &request.header, &resp)
     };
-    let key = match topics::access(kafka, session).stream(Op::Subscribe, req.group_id.to_string()) {
-        Ok(k) if !req.group_id.is_empty() && req.group_id.len() <= groups::GROUP_ID_MAX => k,
-        _ => return Ok(fail(resp, 30, "this token may not use that group".into())),
+    let key = match crate::group_api::group_key(kafka, session, &req.group_id) {
+        Ok(k) => k,
+        Err(c) => return Ok(fail(resp, c, "this token may not use that group".into())),
     };
     if req
         .server_assignor

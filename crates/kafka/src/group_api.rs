@@ -45,7 +45,7 @@ fn text(s: &str) -> StrBytes {
 }
 
 /// The group's key (its id within the caller's namespace), if the caller may use it.
-fn group_key(kafka: &Kafka, session: &Session, group: &str) -> Result<String, i16> {
+pub(crate) fn group_key(kafka: &Kafka, session: &Session, group: &str) -> Result<String, i16> {
     if group.is_empty() || group.len() > groups::GROUP_ID_MAX {
         return Err(groups::INVALID_GROUP_ID);
     }
