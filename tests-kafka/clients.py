@@ -562,12 +562,19 @@ def test_consumer_group_members_come_and_go(srv):
                     vals += [int(x) for x in f.read().split()]
         return vals
 
+    def until_processed(i, n, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline and len(seen([outs[i]])) < n:
+            time.sleep(0.1)
+        check(len(seen([outs[i]])) >= n, f"member {i} processed fewer than {n} in {timeout}s")
+
     members = [member(i, 3) for i in range(3)]
-    time.sleep(3)
+    # Each leaves mid-stream: once it has processed some of its share.
+    until_processed(0, 100)
     members[0].terminate()          # leaves the group (LeaveGroup)
     members[0].wait(30)
-    time.sleep(2)
-    members[1].kill()               # SIGKILL: its session lapses
+    until_processed(1, len(seen([outs[1]])) + 100)
+    members[1].kill()               # SIGKILL: its heartbeats stop
     members[1].wait()
     deadline = time.time() + 90
     while time.time() < deadline and set(seen(outs[:3])) != set(range(total)):
