@@ -140,6 +140,7 @@ pub const API_ROUTES: &[&str] = &[
     cluster::peers::NUDGE_PATH,
     cluster::peers::APPEND_PATH,
     cluster::peers::TAILS_PATH,
+    cluster::peers::ADMIN_PATH,
     groups::PATH,
     groups::ITEM_PATH,
     subscriptions::ROTATE_PATH,
@@ -277,6 +278,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     .route(cluster::peers::CASCADE_PATH, post(cluster::peers::cascade))
     .route(cluster::peers::NUDGE_PATH, post(cluster::peers::nudge))
     .route(cluster::peers::APPEND_PATH, post(cluster::peers::append))
+    .route(cluster::peers::ADMIN_PATH, post(cluster::peers::admin))
     .route(groups::PATH, get(groups::list))
     .route(subscriptions::ROTATE_PATH, post(subscriptions::rotate))
     .route(subscriptions::LIST_PATH, get(subscriptions::list))

@@ -168,12 +168,7 @@ pub(crate) async fn delete_topics(
             // The last partitions first: an interrupted delete leaves a topic
             // with fewer partitions, never one with a gap.
             for p in (0..n).rev() {
-                let stream = StreamName::new(
-                    names::partition_stream(&base, p),
-                    kafka.engine.config().stream_name_bytes_max,
-                )
-                .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
-                match kafka.engine.delete(&stream).await {
+                match topics::delete(kafka, &names::partition_stream(&base, p)).await {
                     Ok(()) | Err(EngineError::NotFound) => {}
                     Err(e) => return Err(errors::of(&e)),
                 }
@@ -227,7 +222,9 @@ pub(crate) async fn create_partitions(
                 ));
             }
             if !req.validate_only {
-                let info = kafka.engine.head(&base).await.map_err(|e| errors::of(&e))?;
+                let info = topics::info(kafka, &base)
+                    .await
+                    .map_err(|e| errors::of(&e))?;
                 topics::create_partitions(kafka, &base, n, t.count, info.retention_secs)
                     .await
                     .map_err(|e| errors::of(&e))?;
@@ -266,7 +263,7 @@ pub(crate) async fn describe_configs(
             RESOURCE_TOPIC => {
                 let outcome = async {
                     let base = base(kafka, session, r.resource_name.as_str(), Op::Read)?;
-                    kafka.engine.head(&base).await.map_err(|e| errors::of(&e))
+                    topics::info(kafka, &base).await.map_err(|e| errors::of(&e))
                 }
                 .await;
                 match outcome {
@@ -346,14 +343,7 @@ async fn set_topic_retention(
         return Ok(());
     }
     for p in 0..n {
-        let stream = StreamName::new(
-            names::partition_stream(&base, p),
-            kafka.engine.config().stream_name_bytes_max,
-        )
-        .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
-        kafka
-            .engine
-            .set_retention(&stream, retention)
+        topics::set_retention(kafka, &names::partition_stream(&base, p), retention)
             .await
             .map_err(|e| errors::of(&e))?;
     }

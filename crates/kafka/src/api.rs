@@ -111,41 +111,65 @@ pub(crate) async fn handle_produce(
             return Answer::Close("the connection's token was revoked or has expired".into());
         }
     }
-    let r = match request.key {
-        ApiKey::Produce => {
-            let (tx, _unused) = tokio::sync::oneshot::channel();
-            produce::produce(kafka, session, &request, sequenced.unwrap_or(tx)).await
+    let key = request.key;
+    let work = async {
+        match request.key {
+            ApiKey::Produce => {
+                let (tx, _unused) = tokio::sync::oneshot::channel();
+                produce::produce(kafka, session, &request, sequenced.unwrap_or(tx)).await
+            }
+            ApiKey::Fetch => fetch::fetch(kafka, session, &request).await,
+            ApiKey::ListOffsets => metadata::list_offsets(kafka, session, &request).await,
+            ApiKey::Metadata => metadata::metadata(kafka, session, &request).await,
+            ApiKey::DescribeCluster => metadata::describe_cluster(kafka, &request),
+            ApiKey::InitProducerId => produce::init_producer_id(kafka, session, &request),
+            ApiKey::CreateTopics => admin::create_topics(kafka, session, &request).await,
+            ApiKey::DeleteTopics => admin::delete_topics(kafka, session, &request).await,
+            ApiKey::CreatePartitions => admin::create_partitions(kafka, session, &request).await,
+            ApiKey::DescribeConfigs => admin::describe_configs(kafka, session, &request).await,
+            ApiKey::AlterConfigs => admin::alter_configs(kafka, session, &request).await,
+            ApiKey::IncrementalAlterConfigs => {
+                admin::incremental_alter_configs(kafka, session, &request).await
+            }
+            ApiKey::DeleteRecords => admin::delete_records(kafka, session, &request).await,
+            ApiKey::FindCoordinator => group_api::find_coordinator(kafka, session, &request),
+            ApiKey::JoinGroup => group_api::join_group(kafka, session, &request).await,
+            ApiKey::SyncGroup => group_api::sync_group(kafka, session, &request).await,
+            ApiKey::Heartbeat => group_api::heartbeat(kafka, session, &request).await,
+            ApiKey::LeaveGroup => group_api::leave_group(kafka, session, &request).await,
+            ApiKey::OffsetCommit => group_api::offset_commit(kafka, session, &request).await,
+            ApiKey::OffsetFetch => group_api::offset_fetch(kafka, session, &request).await,
+            ApiKey::DescribeGroups => group_api::describe_groups(kafka, session, &request).await,
+            ApiKey::ListGroups => group_api::list_groups(kafka, session, &request).await,
+            ApiKey::DeleteGroups => group_api::delete_groups(kafka, session, &request).await,
+            ApiKey::ConsumerGroupHeartbeat => {
+                consumer_protocol::heartbeat(kafka, session, &request).await
+            }
+            other => Err(Answer::Close(format!("{other:?} is not served"))),
         }
-        ApiKey::Fetch => fetch::fetch(kafka, session, &request).await,
-        ApiKey::ListOffsets => metadata::list_offsets(kafka, session, &request).await,
-        ApiKey::Metadata => metadata::metadata(kafka, session, &request).await,
-        ApiKey::DescribeCluster => metadata::describe_cluster(kafka, &request),
-        ApiKey::InitProducerId => produce::init_producer_id(kafka, session, &request),
-        ApiKey::CreateTopics => admin::create_topics(kafka, session, &request).await,
-        ApiKey::DeleteTopics => admin::delete_topics(kafka, session, &request).await,
-        ApiKey::CreatePartitions => admin::create_partitions(kafka, session, &request).await,
-        ApiKey::DescribeConfigs => admin::describe_configs(kafka, session, &request).await,
-        ApiKey::AlterConfigs => admin::alter_configs(kafka, session, &request).await,
-        ApiKey::IncrementalAlterConfigs => {
-            admin::incremental_alter_configs(kafka, session, &request).await
-        }
-        ApiKey::DeleteRecords => admin::delete_records(kafka, session, &request).await,
-        ApiKey::FindCoordinator => group_api::find_coordinator(kafka, session, &request),
-        ApiKey::JoinGroup => group_api::join_group(kafka, session, &request).await,
-        ApiKey::SyncGroup => group_api::sync_group(kafka, session, &request).await,
-        ApiKey::Heartbeat => group_api::heartbeat(kafka, session, &request).await,
-        ApiKey::LeaveGroup => group_api::leave_group(kafka, session, &request).await,
-        ApiKey::OffsetCommit => group_api::offset_commit(kafka, session, &request).await,
-        ApiKey::OffsetFetch => group_api::offset_fetch(kafka, session, &request).await,
-        ApiKey::DescribeGroups => group_api::describe_groups(kafka, session, &request).await,
-        ApiKey::ListGroups => group_api::list_groups(kafka, session, &request).await,
-        ApiKey::DeleteGroups => group_api::delete_groups(kafka, session, &request).await,
-        ApiKey::ConsumerGroupHeartbeat => {
-            consumer_protocol::heartbeat(kafka, session, &request).await
-        }
-        other => Err(Answer::Close(format!("{other:?} is not served"))),
     };
-    r.unwrap_or_else(|a| a)
+    watched(key, work).await.unwrap_or_else(|a| a)
+}
+
+/// How long a request that does not wait by design may run before it is logged.
+const SLOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `work`, logging a warning every [`SLOW`] while it runs on: requests that
+/// wait by design (Fetch's long-poll, a group's join and sync) are left alone.
+async fn watched<F: std::future::Future>(key: ApiKey, work: F) -> F::Output {
+    if matches!(key, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup) {
+        return work.await;
+    }
+    let started = std::time::Instant::now();
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = tokio::time::sleep(SLOW) => {
+                tracing::warn!(api = ?key, elapsed_ms = started.elapsed().as_millis() as u64, "a Kafka request is taking long");
+            }
+        }
+    }
 }
 
 /// ApiVersions, SaslHandshake and SaslAuthenticate: they change or precede the

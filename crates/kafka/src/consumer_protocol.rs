@@ -219,12 +219,16 @@ pub(crate) async fn heartbeat(
             }
         }
     }
-    let Some(group) = kafka.groups.group(&key) else {
-        return Ok(fail(
-            resp,
-            groups::COORDINATOR_NOT_AVAILABLE,
-            "too many groups".into(),
-        ));
+    let group = match kafka.groups.group(kafka, &key) {
+        Ok(g) => g,
+        Err(c) => {
+            let m = if c == groups::NOT_COORDINATOR {
+                "another broker coordinates this group"
+            } else {
+                "too many groups"
+            };
+            return Ok(fail(resp, c, m.into()));
+        }
     };
     let mut g = group.lock().await;
     if !g.members.is_empty() {

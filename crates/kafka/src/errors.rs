@@ -55,3 +55,12 @@ pub(crate) fn of(e: &EngineError) -> (i16, String) {
     };
     (c, e.to_string())
 }
+
+/// The code a group request gets for an engine error: a group whose offsets
+/// stream moved to another node has another coordinator.
+pub(crate) fn of_group(e: &EngineError) -> i16 {
+    match e {
+        EngineError::NotOwner | EngineError::Fenced => crate::groups::NOT_COORDINATOR,
+        e => of(e).0,
+    }
+}

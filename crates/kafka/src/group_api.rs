@@ -32,10 +32,11 @@ use kafka_protocol::protocol::StrBytes;
 use picomq_http::auth::Op;
 
 use crate::api::{decode, frame, Answer};
+use crate::brokers::Broker;
 use crate::conn::{Request, Session};
 use crate::errors::{self, code};
 use crate::groups::{self, Committed, JoinRequest};
-use crate::{topics, Kafka, NODE_ID};
+use crate::{topics, Kafka};
 
 const GROUP_AUTHORIZATION_FAILED: i16 = 30;
 const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
@@ -60,39 +61,56 @@ pub(crate) fn find_coordinator(
     request: &Request,
 ) -> Result<Answer, Answer> {
     let req: FindCoordinatorRequest = decode(request)?;
-    let found = |key: &str| -> (i16, Option<String>) {
+    let found = |key: &str| -> Result<Broker, (i16, String)> {
         match req.key_type {
-            // Groups. Transactional ids (1) are not coordinated here yet.
+            // Groups: the node serving the group's offsets stream.
             0 => match group_key(kafka, session, key) {
-                Ok(_) => (code::NONE, None),
-                Err(c) => (c, Some("this token may not use that group".into())),
+                Ok(k) => kafka
+                    .leader_broker(&groups::offsets_stream_name(&k))
+                    .ok_or_else(|| {
+                        (
+                            groups::COORDINATOR_NOT_AVAILABLE,
+                            "the group's coordinator is moving between nodes; retry".into(),
+                        )
+                    }),
+                Err(c) => Err((c, "this token may not use that group".into())),
             },
-            _ => (
+            // Transactional ids are not coordinated here yet.
+            _ => Err((
                 groups::COORDINATOR_NOT_AVAILABLE,
-                Some("transactions are not supported yet".into()),
-            ),
+                "transactions are not supported yet".into(),
+            )),
         }
     };
     let mut resp = FindCoordinatorResponse::default();
     if request.header.request_api_version < 4 {
-        let (c, m) = found(&req.key);
-        resp.error_code = c;
-        resp.error_message = m.map(|m| text(&m));
-        resp.node_id = BrokerId(if c == 0 { NODE_ID } else { -1 });
-        resp.host = text(if c == 0 { &kafka.host } else { "" });
-        resp.port = if c == 0 { kafka.port } else { -1 };
+        match found(&req.key) {
+            Ok(b) => {
+                resp.node_id = BrokerId(b.id);
+                resp.host = text(&b.host);
+                resp.port = b.port;
+            }
+            Err((c, m)) => {
+                resp.error_code = c;
+                resp.error_message = Some(text(&m));
+                resp.node_id = BrokerId(-1);
+                resp.port = -1;
+            }
+        }
     } else {
         for key in &req.coordinator_keys {
-            let (c, m) = found(key);
-            resp.coordinators.push(
-                FoundCoordinator::default()
-                    .with_key(key.clone())
+            let entry = FoundCoordinator::default().with_key(key.clone());
+            resp.coordinators.push(match found(key) {
+                Ok(b) => entry
+                    .with_node_id(BrokerId(b.id))
+                    .with_host(text(&b.host))
+                    .with_port(b.port),
+                Err((c, m)) => entry
                     .with_error_code(c)
-                    .with_error_message(m.map(|m| text(&m)))
-                    .with_node_id(BrokerId(if c == 0 { NODE_ID } else { -1 }))
-                    .with_host(text(if c == 0 { &kafka.host } else { "" }))
-                    .with_port(if c == 0 { kafka.port } else { -1 }),
-            );
+                    .with_error_message(Some(text(&m)))
+                    .with_node_id(BrokerId(-1))
+                    .with_port(-1),
+            });
         }
     }
     Ok(frame(ApiKey::FindCoordinator, &request.header, &resp))
@@ -115,9 +133,12 @@ pub(crate) async fn join_group(
             return Ok(frame(ApiKey::JoinGroup, &request.header, &resp));
         }
     };
-    let Some(group) = kafka.groups.group(&key) else {
-        resp.error_code = groups::COORDINATOR_NOT_AVAILABLE;
-        return Ok(frame(ApiKey::JoinGroup, &request.header, &resp));
+    let group = match kafka.groups.group(kafka, &key) {
+        Ok(g) => g,
+        Err(c) => {
+            resp.error_code = c;
+            return Ok(frame(ApiKey::JoinGroup, &request.header, &resp));
+        }
     };
     let rebalance = if version == 0 {
         req.session_timeout_ms
@@ -190,9 +211,10 @@ pub(crate) async fn sync_group(
         .with_protocol_name(req.protocol_name.clone());
     let outcome = match group_key(kafka, session, &req.group_id) {
         Err(c) => (c, Bytes::new()),
-        Ok(key) => match kafka.groups.existing(&key) {
-            None => (groups::UNKNOWN_MEMBER_ID, Bytes::new()),
-            Some(group) => {
+        Ok(key) => match kafka.groups.existing(kafka, &key) {
+            Err(c) => (c, Bytes::new()),
+            Ok(None) => (groups::UNKNOWN_MEMBER_ID, Bytes::new()),
+            Ok(Some(group)) => {
                 let assignments = req
                     .assignments
                     .iter()
@@ -225,9 +247,10 @@ pub(crate) async fn heartbeat(
     let req: HeartbeatRequest = decode(request)?;
     let c = match group_key(kafka, session, &req.group_id) {
         Err(c) => c,
-        Ok(key) => match kafka.groups.existing(&key) {
-            None => groups::UNKNOWN_MEMBER_ID,
-            Some(g) => g.lock().await.heartbeat(&req.member_id, req.generation_id),
+        Ok(key) => match kafka.groups.existing(kafka, &key) {
+            Err(c) => c,
+            Ok(None) => groups::UNKNOWN_MEMBER_ID,
+            Ok(Some(g)) => g.lock().await.heartbeat(&req.member_id, req.generation_id),
         },
     };
     let resp = HeartbeatResponse::default().with_error_code(c);
@@ -252,11 +275,12 @@ pub(crate) async fn leave_group(
     match group_key(kafka, session, &req.group_id) {
         Err(c) => resp.error_code = c,
         Ok(key) => {
-            let group = kafka.groups.existing(&key);
+            let group = kafka.groups.existing(kafka, &key);
             for id in leaving {
                 let c = match &group {
-                    None => groups::UNKNOWN_MEMBER_ID,
-                    Some(g) => g.lock().await.leave(&id),
+                    Err(c) => *c,
+                    Ok(None) => groups::UNKNOWN_MEMBER_ID,
+                    Ok(Some(g)) => g.lock().await.leave(&id),
                 };
                 if request.header.request_api_version < 3 {
                     resp.error_code = c;
@@ -315,9 +339,12 @@ pub(crate) async fn offset_commit(
             return Ok(frame(ApiKey::OffsetCommit, &request.header, &resp));
         }
     };
-    let Some(group) = kafka.groups.group(&key) else {
-        answer_all(&mut resp, groups::COORDINATOR_NOT_AVAILABLE);
-        return Ok(frame(ApiKey::OffsetCommit, &request.header, &resp));
+    let group = match kafka.groups.group(kafka, &key) {
+        Ok(g) => g,
+        Err(c) => {
+            answer_all(&mut resp, c);
+            return Ok(frame(ApiKey::OffsetCommit, &request.header, &resp));
+        }
     };
     let mut g = group.lock().await;
     let c = g.may_commit(&req.member_id, req.generation_id_or_member_epoch);
@@ -350,7 +377,7 @@ pub(crate) async fn offset_commit(
     } else {
         match g.commit(kafka, entries).await {
             Ok(()) => code::NONE,
-            Err(e) => errors::of(&e).0,
+            Err(e) => errors::of_group(&e),
         }
     };
     drop(g);
@@ -378,9 +405,7 @@ async fn fetch_offsets(
     asked: Option<Vec<(String, Vec<i32>)>>,
 ) -> Result<Vec<(String, Vec<(i32, Committed, i16)>)>, i16> {
     let key = group_key(kafka, session, group)?;
-    let Some(g) = kafka.groups.group(&key) else {
-        return Err(groups::COORDINATOR_NOT_AVAILABLE);
-    };
+    let g = kafka.groups.group(kafka, &key)?;
     let mut g = g.lock().await;
     if g.load_offsets(kafka).await.is_err() {
         return Err(COORDINATOR_LOAD_IN_PROGRESS);
@@ -502,8 +527,10 @@ pub(crate) async fn describe_groups(
             .with_group_state(text("Dead"));
         match group_key(kafka, session, id) {
             Err(c) => out.error_code = c,
-            Ok(key) => {
-                if let Some(g) = kafka.groups.existing(&key) {
+            Ok(key) => match kafka.groups.existing(kafka, &key) {
+                Err(c) => out.error_code = c,
+                Ok(None) => {}
+                Ok(Some(g)) => {
                     let g = g.lock().await;
                     if !g.consumer.members.is_empty() {
                         // A KIP-848 group, as far as the classic API can show it.
@@ -546,7 +573,7 @@ pub(crate) async fn describe_groups(
                         })
                         .collect();
                 }
-            }
+            },
         }
         resp.groups.push(out);
     }
@@ -588,8 +615,10 @@ pub(crate) async fn list_groups(
         if !access.allows(Op::Subscribe, &key) {
             continue;
         }
-        let (state, ptype) = match kafka.groups.existing(&key) {
-            Some(g) => {
+        // Each broker lists the groups it coordinates (clients ask every one).
+        let (state, ptype) = match kafka.groups.existing(kafka, &key) {
+            Err(_) => continue,
+            Ok(Some(g)) => {
                 let g = g.lock().await;
                 if g.consumer.members.is_empty() {
                     (g.state.name(), g.protocol_type.clone())
@@ -597,7 +626,7 @@ pub(crate) async fn list_groups(
                     ("Stable", "consumer".to_string())
                 }
             }
-            None => ("Empty", "consumer".to_string()),
+            Ok(None) => ("Empty", "consumer".to_string()),
         };
         if !req.states_filter.is_empty() && !req.states_filter.iter().any(|s| s.as_str() == state) {
             continue;
@@ -631,9 +660,9 @@ pub(crate) async fn delete_groups(
     for id in &req.groups_names {
         let c = match group_key(kafka, session, id) {
             Err(c) => c,
-            Ok(key) => match kafka.groups.group(&key) {
-                None => groups::COORDINATOR_NOT_AVAILABLE,
-                Some(g) => {
+            Ok(key) => match kafka.groups.group(kafka, &key) {
+                Err(c) => c,
+                Ok(g) => {
                     let mut g = g.lock().await;
                     if !g.members.is_empty() {
                         groups::NON_EMPTY_GROUP
@@ -650,7 +679,7 @@ pub(crate) async fn delete_groups(
                                 kafka.groups.forget(&key);
                                 groups::GROUP_ID_NOT_FOUND
                             }
-                            Err(e) => errors::of(&e).0,
+                            Err(e) => errors::of_group(&e),
                         }
                     }
                 }

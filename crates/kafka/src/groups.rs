@@ -1,4 +1,9 @@
-//! Consumer groups, the classic protocol: this node is every group's coordinator.
+//! Consumer groups, the classic protocol. A group's coordinator is the node
+//! serving its offsets stream (every group on one node; on a cluster the
+//! member owning that stream's slot, `brokers`). Others answer NOT_COORDINATOR.
+//! A group's state in memory belongs to one term of the coordinator's service
+//! of that slot: after the slot moved away and back, it is dropped and read
+//! afresh (another member may have coordinated it meanwhile).
 //!
 //! Membership lives in memory (as in Kafka, a restart makes members rejoin);
 //! committed offsets are durable: each group's commits are JSON records of a
@@ -49,6 +54,7 @@ pub(crate) const NON_EMPTY_GROUP: i16 = 68;
 pub(crate) const GROUP_ID_NOT_FOUND: i16 = 69;
 pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 pub(crate) const INVALID_GROUP_ID: i16 = 24;
+pub(crate) const NOT_COORDINATOR: i16 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum State {
@@ -119,37 +125,63 @@ pub(crate) struct Group {
     pub consumer: crate::consumer_protocol::ConsumerState,
 }
 
+/// A group in memory and the term of its coordinator's slot it was made at.
+type Held = (u64, Arc<Mutex<Group>>);
+
 /// Every group this node coordinates.
 #[derive(Default)]
 pub(crate) struct Coordinator {
-    groups: StdMutex<HashMap<String, Arc<Mutex<Group>>>>,
+    groups: StdMutex<HashMap<String, Held>>,
+}
+
+/// The name of the reserved stream holding group `key`'s committed offsets.
+pub(crate) fn offsets_stream_name(key: &str) -> String {
+    format!("__kafka/groups/{key}")
 }
 
 /// The reserved stream holding a group's committed offsets.
 fn offsets_stream(kafka: &Kafka, key: &str) -> Result<StreamName, EngineError> {
     Ok(StreamName::new(
-        format!("__kafka/groups/{key}"),
+        offsets_stream_name(key),
         kafka.engine.config().stream_name_bytes_max,
     )?)
 }
 
+/// The term this node coordinates group `key` at; NOT_COORDINATOR while it
+/// does not (another member does, or the group is moving).
+pub(crate) fn coordinating(kafka: &Kafka, key: &str) -> Result<u64, i16> {
+    let name = offsets_stream_name(key);
+    if !kafka.serves(&name) {
+        return Err(NOT_COORDINATOR);
+    }
+    Ok(kafka.term(&name))
+}
+
 impl Coordinator {
-    /// The group `key`, made (empty) if new; `None` past [`GROUPS_MAX`].
-    pub fn group(&self, key: &str) -> Option<Arc<Mutex<Group>>> {
+    /// The group `key`, made (empty) if new or of an earlier term: NOT_COORDINATOR
+    /// on a node that does not coordinate it, COORDINATOR_NOT_AVAILABLE past
+    /// [`GROUPS_MAX`].
+    pub fn group(&self, kafka: &Kafka, key: &str) -> Result<Arc<Mutex<Group>>, i16> {
+        let term = coordinating(kafka, key)?;
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = groups.get(key) {
-            return Some(g.clone());
+        match groups.get(key) {
+            Some((t, g)) if *t == term => return Ok(g.clone()),
+            Some(_) => {
+                groups.remove(key);
+            }
+            None => {}
         }
         if groups.len() >= GROUPS_MAX {
             // Forget a group nobody is in (its offsets stay durable).
             let idle = groups
                 .iter()
-                .find(|(_, g)| {
+                .find(|(_, (_, g))| {
                     g.try_lock()
                         .is_ok_and(|g| g.members.is_empty() && g.consumer.members.is_empty())
                 })
-                .map(|(k, _)| k.clone());
-            groups.remove(&idle?);
+                .map(|(k, _)| k.clone())
+                .ok_or(COORDINATOR_NOT_AVAILABLE)?;
+            groups.remove(&idle);
         }
         let g = Arc::new(Mutex::new(Group {
             key: key.to_string(),
@@ -165,17 +197,23 @@ impl Coordinator {
             commits_since_snapshot: 0,
             consumer: Default::default(),
         }));
-        groups.insert(key.to_string(), g.clone());
-        Some(g)
+        groups.insert(key.to_string(), (term, g.clone()));
+        Ok(g)
     }
 
-    /// The group `key` if it is in memory.
-    pub fn existing(&self, key: &str) -> Option<Arc<Mutex<Group>>> {
-        self.groups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+    /// The group `key` if it is in memory (of this term); NOT_COORDINATOR on a
+    /// node that does not coordinate it.
+    pub fn existing(&self, kafka: &Kafka, key: &str) -> Result<Option<Arc<Mutex<Group>>>, i16> {
+        let term = coordinating(kafka, key)?;
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        match groups.get(key) {
+            Some((t, g)) if *t == term => Ok(Some(g.clone())),
+            Some(_) => {
+                groups.remove(key);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
     }
 
     pub fn forget(&self, key: &str) {
@@ -213,7 +251,7 @@ impl Coordinator {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .values()
-                .cloned()
+                .map(|(_, g)| g.clone())
                 .collect();
             for g in groups {
                 let mut g = g.lock().await;

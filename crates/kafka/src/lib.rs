@@ -13,6 +13,7 @@
 mod admin;
 mod api;
 pub mod batch;
+mod brokers;
 mod conn;
 mod consumer_protocol;
 mod errors;
@@ -143,9 +144,6 @@ impl Kafka {
             .cloned()
     }
 }
-
-/// This node's broker id: one node, one broker.
-pub(crate) const NODE_ID: i32 = 1;
 
 /// Serves Kafka clients on `listener` until `shutdown` fires.
 pub async fn serve(

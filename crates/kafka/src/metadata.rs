@@ -19,33 +19,56 @@ use crate::api::{decode, frame, Answer};
 use crate::conn::{Request, Session};
 use crate::consumer_protocol::topic_id;
 use crate::errors::{self, code};
-use crate::{names, topics, Kafka, NODE_ID};
+use crate::{names, topics, Kafka};
 
 const UNKNOWN_TOPIC_ID: i16 = 100;
 
 /// Topics a Metadata request for "all topics" lists at most.
 const LISTED_MAX: usize = 10_000;
 
-fn broker(kafka: &Kafka) -> MetadataResponseBroker {
-    MetadataResponseBroker::default()
-        .with_node_id(BrokerId(NODE_ID))
-        .with_host(StrBytes::from_string(kafka.host.clone()))
-        .with_port(kafka.port)
+const LEADER_NOT_AVAILABLE: i16 = 5;
+
+fn brokers(kafka: &Kafka) -> Vec<MetadataResponseBroker> {
+    kafka
+        .brokers()
+        .into_iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.id))
+                .with_host(StrBytes::from_string(b.host))
+                .with_port(b.port)
+        })
+        .collect()
 }
 
-fn topic_entry(name: &str, id: uuid::Uuid, partitions: i32) -> MetadataResponseTopic {
+/// Topic `name` (as the client names it) whose partition 0 is the absolute stream
+/// `base`: each partition led by the member serving its stream.
+fn topic_entry(
+    kafka: &Kafka,
+    name: &str,
+    base: &str,
+    id: uuid::Uuid,
+    partitions: i32,
+) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(StrBytes::from_string(name.to_string()))))
         .with_topic_id(id)
         .with_partitions(
             (0..partitions)
                 .map(|p| {
-                    MetadataResponsePartition::default()
-                        .with_partition_index(p)
-                        .with_leader_id(BrokerId(NODE_ID))
-                        .with_leader_epoch(0)
-                        .with_replica_nodes(vec![BrokerId(NODE_ID)])
-                        .with_isr_nodes(vec![BrokerId(NODE_ID)])
+                    let part = MetadataResponsePartition::default().with_partition_index(p);
+                    match kafka.leader(&names::partition_stream(base, p)) {
+                        Some(l) => part
+                            .with_leader_id(BrokerId(l.broker))
+                            .with_leader_epoch(l.epoch)
+                            .with_replica_nodes(vec![BrokerId(l.broker)])
+                            .with_isr_nodes(vec![BrokerId(l.broker)]),
+                        // Moving between members: the client asks again.
+                        None => part
+                            .with_error_code(LEADER_NOT_AVAILABLE)
+                            .with_leader_id(BrokerId(-1))
+                            .with_leader_epoch(-1),
+                    }
                 })
                 .collect(),
         )
@@ -64,9 +87,11 @@ pub(crate) async fn metadata(
 ) -> Result<Answer, Answer> {
     let req: MetadataRequest = decode(request)?;
     let mut resp = MetadataResponse::default()
-        .with_brokers(vec![broker(kafka)])
+        .with_brokers(brokers(kafka))
         .with_cluster_id(Some(StrBytes::from_string(kafka.cluster_id.clone())))
-        .with_controller_id(BrokerId(NODE_ID));
+        // Any broker takes administrative requests (it makes them at the
+        // partitions' owners): clients send them to the one they asked.
+        .with_controller_id(BrokerId(kafka.broker_id()));
     match &req.topics {
         None => resp.topics = all_topics(kafka, session).await,
         Some(asked) => {
@@ -118,7 +143,13 @@ async fn one_topic(
     };
     match topics::partition_count_and_id(kafka, &base).await {
         Ok(Some((n, id))) => {
-            return topic_entry(name, topic_id(&kafka.cluster_id, id, &base), n);
+            return topic_entry(
+                kafka,
+                name,
+                &base,
+                topic_id(&kafka.cluster_id, id, &base),
+                n,
+            );
         }
         Ok(None) => {}
         Err(e) => return topic_error(name, errors::of(&e).0),
@@ -131,7 +162,13 @@ async fn one_topic(
         return topic_error(name, errors::of(&e).0);
     }
     match topics::partition_count_and_id(kafka, &base).await {
-        Ok(Some((n, id))) => topic_entry(name, topic_id(&kafka.cluster_id, id, &base), n),
+        Ok(Some((n, id))) => topic_entry(
+            kafka,
+            name,
+            &base,
+            topic_id(&kafka.cluster_id, id, &base),
+            n,
+        ),
         Ok(None) => topic_error(name, code::UNKNOWN_TOPIC_OR_PARTITION),
         Err(e) => topic_error(name, errors::of(&e).0),
     }
@@ -189,7 +226,7 @@ async fn all_topics(kafka: &Kafka, session: &Session) -> Vec<MetadataResponseTop
             let topic = names::topic_of(shown)?;
             let id = topic_id(&kafka.cluster_id, ids[abs], abs);
             kafka.remember_topic(id, abs);
-            Some(topic_entry(&topic, id, n))
+            Some(topic_entry(kafka, &topic, abs, id, n))
         })
         .collect()
 }
@@ -281,10 +318,18 @@ pub(crate) fn describe_cluster(kafka: &Kafka, request: &Request) -> Result<Answe
     let _: kafka_protocol::messages::DescribeClusterRequest = decode(request)?;
     let resp = DescribeClusterResponse::default()
         .with_cluster_id(StrBytes::from_string(kafka.cluster_id.clone()))
-        .with_controller_id(BrokerId(NODE_ID))
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(BrokerId(NODE_ID))
-            .with_host(StrBytes::from_string(kafka.host.clone()))
-            .with_port(kafka.port)]);
+        .with_controller_id(BrokerId(kafka.broker_id()))
+        .with_brokers(
+            kafka
+                .brokers()
+                .into_iter()
+                .map(|b| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(b.id))
+                        .with_host(StrBytes::from_string(b.host))
+                        .with_port(b.port)
+                })
+                .collect(),
+        );
     Ok(frame(ApiKey::DescribeCluster, &request.header, &resp))
 }

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use picomq_engine::{CreateRequest, EngineError, StreamName, StreamRef};
+use std::time::Duration;
+
+use picomq_engine::cluster::{StreamAdmin, StreamAdminAnswer};
+use picomq_engine::{EngineError, StreamName, StreamRef};
 use picomq_http::auth::{Access, Op};
 
 use crate::conn::Session;
@@ -74,10 +77,21 @@ pub(crate) async fn partition_count_and_id(
     kafka: &Kafka,
     base: &StreamName,
 ) -> Result<Option<(i32, u64)>, EngineError> {
-    let id = match kafka.engine.stream(base).await {
-        Ok(s) => s.handle.config.id,
-        Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
-        Err(e) => return Err(e),
+    // The stream itself where this node serves it; else the metadata listing,
+    // which every member reads without calling the owner (a Metadata request
+    // must not wait on a member that died: its partitions are about to move).
+    let id = if kafka.serves(base) {
+        match kafka.engine.stream(base).await {
+            Ok(s) => s.handle.config.id,
+            Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    } else {
+        let page = kafka.engine.list(base, "", 1).await?;
+        match page.streams.first() {
+            Some(s) if s.name == base.as_str() => s.id,
+            _ => return Ok(None),
+        }
     };
     let prefix = format!("{base}~");
     let max = kafka.config.partitions_max;
@@ -100,24 +114,83 @@ pub(crate) async fn partition_count_and_id(
     Ok(Some((n, id)))
 }
 
-/// Creates partitions `from..to` of the topic whose partition 0 is `base`.
+/// The stream `name` (absolute) as the member serving it knows it.
+pub(crate) async fn info(kafka: &Kafka, name: &str) -> Result<StreamAdminAnswer, EngineError> {
+    if kafka.serves(name) {
+        let name = StreamName::new(name, kafka.engine.config().stream_name_bytes_max)?;
+        let s = kafka.engine.head(&name).await?;
+        return Ok(StreamAdminAnswer {
+            id: s.id,
+            retention_secs: s.retention_secs,
+            created: false,
+        });
+    }
+    kafka
+        .engine
+        .admin(&StreamAdmin::Info {
+            stream: name.to_string(),
+        })
+        .await
+}
+
+/// How long a topic created on a cluster may take to be listed whole: each
+/// member indexes what it created within about 200 ms.
+const LISTED_WAIT: Duration = Duration::from_secs(5);
+
+/// Creates partitions `from..to` of the topic whose partition 0 is `base`, each
+/// at the member serving its stream. On a cluster it returns once the listing
+/// every broker's Metadata reads shows them all.
 pub(crate) async fn create_partitions(
     kafka: &Kafka,
-    base: &str,
+    base: &StreamName,
     from: i32,
     to: i32,
     retention_secs: Option<u64>,
 ) -> Result<(), EngineError> {
     for p in from..to {
-        let name = StreamName::new(
-            names::partition_stream(base, p),
-            kafka.engine.config().stream_name_bytes_max,
-        )?;
-        let mut create = CreateRequest::new(name);
-        create.retention_secs = retention_secs;
-        kafka.engine.create(create).await?;
+        kafka
+            .engine
+            .admin(&StreamAdmin::Create {
+                stream: names::partition_stream(base, p),
+                content_type: None,
+                retention_secs,
+            })
+            .await?;
+    }
+    if kafka.engine.cluster().is_some() {
+        let deadline = tokio::time::Instant::now() + LISTED_WAIT;
+        while partition_count(kafka, base).await? < to && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     Ok(())
+}
+
+/// Deletes the stream `name` (absolute) at the member serving it.
+pub(crate) async fn delete(kafka: &Kafka, name: &str) -> Result<(), EngineError> {
+    kafka
+        .engine
+        .admin(&StreamAdmin::Delete {
+            stream: name.to_string(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Sets the retention of the stream `name` (absolute) at the member serving it.
+pub(crate) async fn set_retention(
+    kafka: &Kafka,
+    name: &str,
+    retention_secs: Option<u64>,
+) -> Result<(), EngineError> {
+    kafka
+        .engine
+        .admin(&StreamAdmin::SetRetention {
+            stream: name.to_string(),
+            retention_secs,
+        })
+        .await
+        .map(|_| ())
 }
 
 /// Whether the caller may see a stream at all (any of its operations on it).

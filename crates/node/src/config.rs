@@ -275,8 +275,13 @@ impl Config {
             .is_some_and(picomq_engine::meta::is_shared_url)
     }
 
-    /// A cluster member's settings, for one listening at `listen`.
-    pub fn cluster_config(&self, listen: SocketAddr) -> Result<Option<ClusterConfig>, String> {
+    /// A cluster member's settings, for one listening at `listen` (and for Kafka
+    /// clients at `kafka`, when it has a Kafka listener).
+    pub fn cluster_config(
+        &self,
+        listen: SocketAddr,
+        kafka: Option<SocketAddr>,
+    ) -> Result<Option<ClusterConfig>, String> {
         if !self.is_cluster() {
             if self.advertise.is_some() || self.node_id.is_some() {
                 return Err(
@@ -306,10 +311,22 @@ impl Config {
                 .trim_end_matches('/')
                 .to_string(),
         };
+        let kafka = match (&self.kafka, kafka) {
+            (Some(k), Some(bound)) => {
+                let (host, port) = k.advertised(bound)?;
+                Some(if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                })
+            }
+            _ => None,
+        };
         Ok(Some(ClusterConfig {
             node_id,
             advertise,
             lease: self.lease,
+            kafka,
         }))
     }
 

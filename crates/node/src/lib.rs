@@ -247,7 +247,11 @@ impl Started {
         } = self;
         let mut engine_config = config.engine_config()?;
         let listen = listener.local_addr().map_err(|e| e.to_string())?;
-        engine_config.cluster = config.cluster_config(listen)?;
+        let kafka_bound = match &kafka {
+            Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+            None => None,
+        };
+        engine_config.cluster = config.cluster_config(listen, kafka_bound)?;
         let open = recover(engine_config.clone(), opened.clone(), meta.clone());
         let engine = tokio::select! {
             r = open => r?,
@@ -397,12 +401,6 @@ impl Incarnation {
             tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
         }
         if let (Some(kafka), Some(port)) = (&config.kafka, &ports.kafka) {
-            if engine.cluster().is_some() {
-                return Err(
-                    "--kafka-listen is not yet supported on a cluster member (docs/kafka.md)"
-                        .into(),
-                );
-            }
             let listener = Ports::listener(port)?;
             let serve = picomq_kafka::serve(
                 listener,

@@ -69,6 +69,8 @@ pub struct MemberRow {
     /// Next WAL sequence of this member's log not yet indexed.
     pub applied_seq: u64,
     pub joined_unix_ms: u64,
+    /// Its Kafka listener as clients reach it (`HOST:PORT`), if it has one.
+    pub kafka: Option<String>,
 }
 
 impl MemberRow {
@@ -93,6 +95,8 @@ pub struct Joining {
     pub node_id: String,
     pub advertise: String,
     pub lease_ms: u64,
+    /// Its Kafka listener as clients reach it (`HOST:PORT`), if it has one.
+    pub kafka: Option<String>,
 }
 
 #[async_trait]

@@ -53,6 +53,9 @@ pub(crate) struct Membership {
     on_fenced: Box<dyn Fn() + Send + Sync>,
     /// The binding checked at start, checked again every step.
     watch: crate::identity::Watch,
+    /// Whether the other members were told this one joined (once the edge has
+    /// connected the calls to them).
+    announced: std::sync::atomic::AtomicBool,
 }
 
 impl Membership {
@@ -70,6 +73,7 @@ impl Membership {
             taking: Arc::default(),
             on_fenced,
             watch,
+            announced: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -126,12 +130,33 @@ impl Membership {
             self.cluster.apply_slot(*row);
         }
         self.take_over_dead(&members);
+        self.announce(&members);
         let lapse = members
             .iter()
             .filter(|m| m.epoch != self.cluster.epoch && m.is_alive())
             .map(|m| Duration::from_millis(m.lease_left_ms as u64))
             .min();
         Ok((self.rebalance(&members, &slots).await?, lapse))
+    }
+
+    /// Once after joining: tells the other live members to look at the cluster now,
+    /// so that each knows this one within milliseconds rather than at its next
+    /// step (what each names as brokers to Kafka clients must agree: a client
+    /// that is shown different broker lists by different members may drop a
+    /// broker it is still waiting on).
+    fn announce(&self, members: &[MemberRow]) {
+        use std::sync::atomic::Ordering;
+        if self.announced.load(Ordering::Acquire) {
+            return;
+        }
+        let others: Vec<String> = members
+            .iter()
+            .filter(|m| m.epoch != self.cluster.epoch && m.is_alive())
+            .map(|m| m.advertise.clone())
+            .collect();
+        if self.service.tell_members(others) {
+            self.announced.store(true, Ordering::Release);
+        }
     }
 
     /// Renews this member's lease; `false` when it does not hold one now.
@@ -241,7 +266,9 @@ impl Membership {
                 .collect();
             tokio::spawn(async move {
                 match takeover.run(&dead.node_id, dead.epoch).await {
-                    Ok(Some(_)) => service.tell_members(others),
+                    Ok(Some(_)) => {
+                        service.tell_members(others);
+                    }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(
                         node = %dead.node_id, epoch = dead.epoch, error = %e,
@@ -354,6 +381,7 @@ pub(crate) async fn join(
             node_id: config.node_id.clone(),
             advertise: config.advertise.clone(),
             lease_ms: config.lease.as_millis() as u64,
+            kafka: config.kafka.clone(),
         })
         .await?;
     Ok(epoch)
@@ -394,6 +422,7 @@ mod tests {
             sealer: None,
             applied_seq: 0,
             joined_unix_ms: 0,
+            kafka: None,
         }
     }
 

@@ -42,6 +42,9 @@ pub struct ClusterConfig {
     pub advertise: String,
     /// How long a member's lease lasts unrenewed; others take over after it lapses.
     pub lease: Duration,
+    /// Where Kafka clients reach this node's Kafka listener (`HOST:PORT`), if it
+    /// has one; published with the member so that every broker names the others.
+    pub kafka: Option<String>,
 }
 
 /// Where a request for a stream goes.
@@ -84,6 +87,61 @@ pub struct PinnedFork {
     pub point_seq: u64,
 }
 
+/// An operation on a stream's lifecycle or settings, made at the member serving
+/// the stream wherever it was asked for (the Kafka listener's topic administration:
+/// a topic's partitions live on different members).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum StreamAdmin {
+    /// Creates the stream (an existing one with the same settings is no error).
+    Create {
+        stream: String,
+        content_type: Option<String>,
+        retention_secs: Option<u64>,
+    },
+    Delete {
+        stream: String,
+    },
+    Info {
+        stream: String,
+    },
+    SetRetention {
+        stream: String,
+        retention_secs: Option<u64>,
+    },
+}
+
+impl StreamAdmin {
+    /// The stream it acts on.
+    pub fn stream(&self) -> &str {
+        match self {
+            StreamAdmin::Create { stream, .. }
+            | StreamAdmin::Delete { stream }
+            | StreamAdmin::Info { stream }
+            | StreamAdmin::SetRetention { stream, .. } => stream,
+        }
+    }
+}
+
+/// What a [`StreamAdmin`] answers: the stream afterwards (zeros after a delete).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamAdminAnswer {
+    pub id: u64,
+    pub retention_secs: Option<u64>,
+    /// A create made the stream (rather than finding it).
+    pub created: bool,
+}
+
+/// Who leads a slot for Kafka clients: the member that owns it, as last read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotLeader {
+    pub epoch: u64,
+    /// How many times the slot changed hands (a Kafka leader epoch).
+    pub generation: u64,
+    /// The owner's Kafka listener, if it has one.
+    pub kafka: Option<String>,
+}
+
 /// Calls to other members, made by the edge that speaks their protocol.
 #[async_trait::async_trait]
 pub trait Peers: Send + Sync + 'static {
@@ -105,6 +163,8 @@ pub trait Peers: Send + Sync + 'static {
     ) -> Result<std::collections::HashMap<String, u64>>;
     /// Appends the JSON `body` to `stream` at the member that serves it.
     async fn append(&self, url: &str, stream: &str, body: String) -> Result<()>;
+    /// Makes `op` at the member that serves its stream.
+    async fn admin(&self, url: &str, op: &StreamAdmin) -> Result<StreamAdminAnswer>;
 }
 
 /// A member as the nodes endpoint shows it.
@@ -196,6 +256,21 @@ impl Cluster {
             return Ok(());
         }
         Err(EngineError::NotOwner)
+    }
+
+    /// The member owning `slot` as last read, if it is running.
+    pub fn leader(&self, slot: u32) -> Option<SlotLeader> {
+        let table = self.table.read().expect("cluster table");
+        let owner = table.owners[slot as usize]?;
+        let m = table.members.get(&owner)?;
+        if !m.state.is_running() {
+            return None;
+        }
+        Some(SlotLeader {
+            epoch: owner,
+            generation: table.generations[slot as usize],
+            kafka: m.kafka.clone(),
+        })
     }
 
     /// Where a request for `name` goes.

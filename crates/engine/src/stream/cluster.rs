@@ -17,7 +17,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::handle::{Lifecycle, StreamHandle};
-use crate::cluster::{slot_of, Cluster, ForkPin, Peers, PinnedFork};
+use super::{CreateRequest, StreamInfo};
+use crate::cluster::{
+    slot_of, Cluster, ForkPin, Peers, PinnedFork, Route, StreamAdmin, StreamAdminAnswer,
+};
+use crate::domain::{ContentType, StreamName};
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
 use crate::stream::Service;
@@ -103,6 +107,8 @@ impl Service {
     pub fn set_peers(&self, peers: Arc<dyn Peers>) {
         if let Some(side) = self.cluster_side() {
             let _ = side.peers.set(peers);
+            // The membership loop tells the others this member joined.
+            side.cluster.nudge();
         }
     }
 
@@ -327,21 +333,23 @@ impl Service {
         }
     }
 
-    /// After a takeover: tells the members at `urls` to look at the cluster now, so
-    /// each claims its share of the dead member's slots at once (best effort: they
-    /// look at their next step anyway).
-    pub(crate) fn tell_members(&self, urls: Vec<String>) {
+    /// After a takeover or a join: tells the members at `urls` to look at the
+    /// cluster now, so each claims its share of a dead member's slots, or learns
+    /// of a new member, at once (best effort: they look at their next step
+    /// anyway). `false` while the calls to other members are not connected yet.
+    pub(crate) fn tell_members(&self, urls: Vec<String>) -> bool {
         let Some(Ok(peers)) = self.cluster_side().map(|side| side.peers().cloned()) else {
-            return;
+            return false;
         };
         for url in urls {
             let peers = peers.clone();
             tokio::spawn(async move {
                 if let Err(e) = peers.nudge(&url).await {
-                    tracing::debug!(member = %url, error = %e, "telling a member of a takeover failed");
+                    tracing::debug!(member = %url, error = %e, "telling a member to look at the cluster failed");
                 }
             });
         }
+        true
     }
 
     /// Asks the owner of the fork source `pin.source` to pin the fork point.
@@ -398,5 +406,79 @@ impl Service {
             return Ok(());
         }
         self.delete_locked(source).await
+    }
+}
+
+/// How long an operation made at a stream's owner waits for a moving stream to
+/// have one (a hand-over takes milliseconds, a takeover after a death a lease).
+const ADMIN_OWNER_WAIT: Duration = Duration::from_secs(8);
+
+impl Service {
+    /// Makes `op` at the member serving its stream: here when this node serves it
+    /// (or is no cluster member), else through that member's peer call. A stream
+    /// between owners is waited for, up to [`ADMIN_OWNER_WAIT`]; an owner that
+    /// cannot be reached (it died) is asked again once its stream moved. Each
+    /// operation is safe to repeat: a create finds its stream, a delete finds none.
+    pub async fn admin(&self, op: &StreamAdmin) -> Result<StreamAdminAnswer> {
+        let Some(side) = self.cluster_side() else {
+            return self.admin_here(op).await;
+        };
+        let slot = slot_of(op.stream());
+        let deadline = Instant::now() + ADMIN_OWNER_WAIT;
+        loop {
+            let outcome = match side.cluster.route(op.stream()) {
+                Route::Local => self.admin_here(op).await,
+                Route::Remote { url, .. } => match side.peers() {
+                    Ok(peers) => peers.admin(&url, op).await,
+                    Err(e) => Err(e),
+                },
+                Route::Unowned | Route::NoLease => Err(EngineError::NotOwner),
+            };
+            match outcome {
+                Err(EngineError::NotOwner | EngineError::Unavailable(_))
+                    if Instant::now() < deadline =>
+                {
+                    let _ = side.cluster.refresh_slot(slot).await;
+                    side.cluster.changed(Duration::from_millis(250)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Makes `op` on this node, which must serve its stream (`NotOwner` else): the
+    /// owner's side of [`Service::admin`].
+    pub async fn admin_here(&self, op: &StreamAdmin) -> Result<StreamAdminAnswer> {
+        let name = StreamName::new(op.stream(), self.inner.config.stream_name_bytes_max)?;
+        self.check_owner(&name)?;
+        let answer = |info: StreamInfo, created: bool| StreamAdminAnswer {
+            id: info.id,
+            retention_secs: info.retention_secs,
+            created,
+        };
+        match op {
+            StreamAdmin::Create {
+                content_type,
+                retention_secs,
+                ..
+            } => {
+                let mut req = CreateRequest::new(name);
+                if let Some(ct) = content_type {
+                    req.content_type = ContentType::new(ct, 256)?;
+                }
+                req.retention_secs = *retention_secs;
+                let (created, info) = self.create(req).await?;
+                Ok(answer(info, created))
+            }
+            StreamAdmin::Delete { .. } => {
+                self.delete(&name).await?;
+                Ok(StreamAdminAnswer::default())
+            }
+            StreamAdmin::Info { .. } => Ok(answer(self.head(&name).await?, false)),
+            StreamAdmin::SetRetention { retention_secs, .. } => {
+                self.set_retention(&name, *retention_secs).await?;
+                Ok(answer(self.head(&name).await?, false))
+            }
+        }
     }
 }

@@ -59,6 +59,7 @@ pub async fn list(
                 "nodeId": m.row.node_id,
                 "epoch": m.row.epoch,
                 "advertise": m.row.advertise,
+                "kafka": m.row.kafka,
                 "state": if m.row.state.is_running() && m.row.lease_left_ms <= 0 { "lapsed" } else { m.row.state.as_str() },
                 "leaseExpiresInMs": m.row.lease_left_ms,
                 "slots": m.slots,

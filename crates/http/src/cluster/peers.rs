@@ -18,7 +18,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::members::client::{Append, Cascade, Tails, Unpin, TAILS_MAX};
 pub use crate::members::client::{
-    APPEND_PATH, CASCADE_PATH, NUDGE_PATH, PIN_PATH, TAILS_PATH, UNPIN_PATH,
+    ADMIN_PATH, APPEND_PATH, CASCADE_PATH, NUDGE_PATH, PIN_PATH, TAILS_PATH, UNPIN_PATH,
 };
 
 /// Equal bytes, compared without an early exit (the time says nothing of how much
@@ -133,6 +133,22 @@ pub async fn append(
     Ok(crate::app::json_response(
         StatusCode::OK,
         serde_json::json!({}),
+    ))
+}
+
+/// Another member makes an operation on a stream this one serves (the Kafka
+/// listener's topic administration); never forwarded again (`NotOwner` instead).
+pub async fn admin(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response<Body>, ApiError> {
+    check_key(&app, &headers)?;
+    let op: picomq_engine::cluster::StreamAdmin = json_body(&app, body).await?;
+    let answer = app.engine.admin_here(&op).await?;
+    Ok(crate::app::json_response(
+        StatusCode::OK,
+        serde_json::to_value(answer).expect("serializable"),
     ))
 }
 

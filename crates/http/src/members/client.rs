@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use picomq_client::Client;
-use picomq_engine::cluster::{ForkPin, Peers, PinnedFork};
+use picomq_engine::cluster::{ForkPin, Peers, PinnedFork, StreamAdmin, StreamAdminAnswer};
 use picomq_engine::{EngineError, Offset, Result as EngineResult};
 use serde::Deserialize;
 
@@ -17,6 +17,7 @@ pub const CASCADE_PATH: &str = "/__picomq/cluster/cascade";
 pub const NUDGE_PATH: &str = "/__picomq/cluster/nudge";
 pub const APPEND_PATH: &str = "/__picomq/cluster/append";
 pub const TAILS_PATH: &str = "/__picomq/cluster/tails";
+pub const ADMIN_PATH: &str = "/__picomq/cluster/admin";
 
 /// The durable tails of streams a member serves, asked by another (the index in
 /// the metadata store may lag them).
@@ -79,6 +80,19 @@ impl PeerClient {
     }
 
     async fn call(&self, base: &str, path: &str, body: String) -> EngineResult<Bytes> {
+        let resp = self.call_raw(base, path, body).await?;
+        if resp.status.is_success() {
+            return Ok(resp.body);
+        }
+        Err(error_from(&resp))
+    }
+
+    async fn call_raw(
+        &self,
+        base: &str,
+        path: &str,
+        body: String,
+    ) -> EngineResult<picomq_client::Response> {
         let client = self.client(base);
         let headers = [
             (CLUSTER_KEY, self.key.as_str()),
@@ -98,10 +112,7 @@ impl PeerClient {
                 ))
             })?
             .map_err(|e| EngineError::Unavailable(format!("cluster member {base}: {e}")))?;
-        if resp.status.is_success() {
-            return Ok(resp.body);
-        }
-        Err(error_from(&resp))
+        Ok(resp)
     }
 }
 
@@ -178,5 +189,16 @@ impl Peers for PeerClient {
         })
         .expect("serializable");
         self.call(base, APPEND_PATH, call).await.map(|_| ())
+    }
+
+    async fn admin(&self, base: &str, op: &StreamAdmin) -> EngineResult<StreamAdminAnswer> {
+        let call = serde_json::to_string(op).expect("serializable");
+        let resp = self.call_raw(base, ADMIN_PATH, call).await?;
+        match resp.status.as_u16() {
+            200 => serde_json::from_slice(&resp.body)
+                .map_err(|e| EngineError::Internal(format!("admin answer from {base}: {e}"))),
+            404 => Err(EngineError::NotFound),
+            _ => Err(error_from(&resp)),
+        }
     }
 }

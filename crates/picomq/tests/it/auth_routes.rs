@@ -612,6 +612,16 @@ fn rows() -> Vec<Row> {
             s,
             Ok::NotRefused,
         ),
+        row(
+            picomq_http::cluster::peers::ADMIN_PATH,
+            HttpMethod::POST,
+            "/__picomq/cluster/admin",
+            JSON,
+            r#"{"op":"info","stream":"{S}"}"#,
+            Needs::ClusterKey,
+            s,
+            Ok::NotRefused,
+        ),
     ]
 }
 

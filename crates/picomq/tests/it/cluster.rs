@@ -1039,3 +1039,111 @@ async fn background_work_runs_once_per_cluster() {
     }
     cluster.shut_down().await;
 }
+
+/// The members' admin call (`/__picomq/cluster/admin`, the Kafka listener's topic
+/// administration on a cluster) acts only on streams the member serves, never
+/// forwards, and answers bad input with 400 and a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_members_admin_call_acts_only_where_the_stream_is_served() {
+    let cluster = TestCluster::start("admincall", 2, LEASE).await;
+    cluster.wait_balanced(0, 2, Duration::from_secs(30)).await;
+    let key = cluster
+        .db
+        .scalar("SELECT key FROM cluster_key")
+        .await
+        .expect("cluster key");
+    let call = |i: usize, body: String| {
+        let client = cluster.node(i).client.clone();
+        let key = key.clone();
+        async move {
+            client
+                .post(
+                    picomq_http::cluster::peers::ADMIN_PATH,
+                    &[
+                        ("picomq-cluster-key", key.as_str()),
+                        ("content-type", "application/json"),
+                    ],
+                    body,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let (mut here, mut elsewhere) = (Vec::new(), Vec::new());
+    for n in 0..40 {
+        let name = format!("adm-{n}");
+        let body = serde_json::json!({"op": "create", "stream": name, "retention_secs": 3600});
+        let r = call(0, body.to_string()).await;
+        match r.status.as_u16() {
+            200 => {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["created"], true, "{v}");
+                assert_eq!(v["retention_secs"], 3600, "{v}");
+                assert!(v["id"].as_u64() > Some(0), "{v}");
+                here.push(name);
+            }
+            503 => {
+                assert!(r.text().contains("not_owner"), "{}", r.text());
+                elsewhere.push(name);
+            }
+            s => panic!("create {name}: {s} {}", r.text()),
+        }
+    }
+    assert!(
+        !here.is_empty() && !elsewhere.is_empty(),
+        "{here:?} {elsewhere:?}"
+    );
+    // What node 0 made is there for every node; what it refused, nowhere.
+    for (names, want) in [(&here, 200), (&elsewhere, 404)] {
+        for name in names.iter() {
+            let r = cluster
+                .node(1)
+                .client
+                .head(&format!("/{name}"))
+                .await
+                .unwrap();
+            assert_eq!(r.status.as_u16(), want, "{name}");
+        }
+    }
+    // Again: an existing stream is found, not made twice.
+    let again = serde_json::json!({"op": "create", "stream": here[0]});
+    let r = call(0, again.to_string()).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert!(r.text().contains("\"created\":false"), "{}", r.text());
+    // Retention, info, delete.
+    let set = serde_json::json!({"op": "set_retention", "stream": here[0], "retention_secs": 60});
+    let r = call(0, set.to_string()).await;
+    assert!(r.text().contains("\"retention_secs\":60"), "{}", r.text());
+    let del = serde_json::json!({"op": "delete", "stream": here[0]});
+    assert_eq!(call(0, del.to_string()).await.status.as_u16(), 200);
+    let info = serde_json::json!({"op": "info", "stream": here[0]});
+    assert_eq!(call(0, info.to_string()).await.status.as_u16(), 404);
+    // Bad input: 400 with a reason, nothing made.
+    for bad in [
+        "not json".to_string(),
+        r#"{"op":"explode","stream":"x"}"#.to_string(),
+        r#"{"op":"create"}"#.to_string(),
+        r#"{"op":"create","stream":""}"#.to_string(),
+        format!(r#"{{"op":"create","stream":"{}"}}"#, "n".repeat(100_000)),
+        format!(
+            r#"{{"op":"set_retention","stream":"{}","retention_secs":0}}"#,
+            here[1]
+        ),
+        format!(
+            r#"{{"op":"create","stream":"{}","content_type":"{}"}}"#,
+            here[1],
+            "t".repeat(300)
+        ),
+    ] {
+        let r = call(0, bad.clone()).await;
+        let s = r.status.as_u16();
+        assert!(
+            s == 400 || s == 413,
+            "{}: {s} {}",
+            &bad[..bad.len().min(60)],
+            r.text()
+        );
+        assert!(r.text().contains("\"error\""), "{}", r.text());
+    }
+    cluster.shut_down().await;
+}

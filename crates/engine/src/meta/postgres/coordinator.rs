@@ -43,6 +43,7 @@ fn member_row(r: &PgRow) -> Result<MemberRow> {
         sealer: r.get::<Option<i64>, _>(5).map(|e| e as u64),
         applied_seq: r.get::<i64, _>(6) as u64,
         joined_unix_ms: r.get::<i64, _>(7) as u64,
+        kafka: r.get(8),
     })
 }
 
@@ -56,7 +57,7 @@ fn slot_row(r: &PgRow) -> SlotRow {
 
 const MEMBER_COLUMNS: &str = "epoch, node_id, advertise, state, \
      (EXTRACT(EPOCH FROM (lease_expires - now())) * 1000)::BIGINT, sealer, applied_seq, \
-     (EXTRACT(EPOCH FROM joined_at) * 1000)::BIGINT";
+     (EXTRACT(EPOCH FROM joined_at) * 1000)::BIGINT, kafka";
 
 #[async_trait]
 impl Coordinator for PostgresCoordinator {
@@ -69,13 +70,14 @@ impl Coordinator for PostgresCoordinator {
 
     async fn join(&self, m: &Joining) -> Result<()> {
         sqlx::query(
-            "INSERT INTO members (epoch, node_id, advertise, state, lease_expires) \
-             VALUES ($1, $2, $3, 'live', now() + $4 * interval '1 millisecond')",
+            "INSERT INTO members (epoch, node_id, advertise, state, lease_expires, kafka) \
+             VALUES ($1, $2, $3, 'live', now() + $4 * interval '1 millisecond', $5)",
         )
         .bind(m.epoch as i64)
         .bind(&m.node_id)
         .bind(&m.advertise)
         .bind(m.lease_ms as i64)
+        .bind(&m.kafka)
         .execute(&self.pool)
         .await?;
         Ok(())

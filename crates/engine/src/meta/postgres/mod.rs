@@ -66,6 +66,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../../migrations/postgres/0004_identity.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_kafka_brokers.sql"),
+    ),
 ];
 
 /// The schema version this binary writes: the last migration.
