@@ -8,7 +8,12 @@ deleted through the admin API; an idempotent producer keeps producing through a
 kill -9 of the server and every message lands exactly once; SASL/PLAIN and
 OAUTHBEARER take PicoMQ tokens and their scopes.
 
-Usage: clients.py PICOMQ_BINARY [TEST ...]   (each test starts its own server)
+The same clients then run against three nodes on Postgres and an S3-compatible
+store (PICOMQ_KAFKA_CLUSTER_META, PICOMQ_KAFKA_CLUSTER_STORE), each node a broker:
+a partition's leader and a group's coordinator are killed with SIGKILL, and SASL
+runs with the cluster restarted under --auth required.
+
+Usage: clients.py PICOMQ_BINARY [TEST ...]   (each group of tests starts its own server)
 """
 
 import base64
@@ -455,7 +460,15 @@ def token(srv, scopes, namespace=""):
                                json.dumps({"scopes": scopes, "namespace": namespace}).encode(),
                                {"Content-Type": "application/json"}, token=BOOTSTRAP_SECRET)
     check(status in (200, 201), f"token create: {status} {body!r}")
-    return json.loads(body)["token"]
+    secret = json.loads(body)["token"]
+    # On a cluster a token made through one node reaches the others within a
+    # second: wait until each of them knows it.
+    deadline = time.time() + 15
+    for node in getattr(srv, "nodes", []):
+        while node.http("GET", "/__picomq/streams?limit=1", token=secret)[0] == 401:
+            check(time.time() < deadline, "a new token did not reach every node in 15s")
+            time.sleep(0.1)
+    return secret
 
 
 def sasl(srv, secret, mechanism="PLAIN"):
@@ -521,7 +534,12 @@ def group_member(bootstrap, topic, group, out_path, pace_ms):
     with open(out_path, "a") as out:
         while not stop:
             m = c.poll(0.2)
-            if m is None or m.error():
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    print(f"member {os.getpid()} {time.strftime('%H:%M:%S')}: {m.error()}",
+                          file=sys.stderr)
                 continue
             out.write(m.value().decode() + "\n")
             out.flush()
@@ -666,6 +684,219 @@ def test_consumer_protocol_group(srv):
     return "2 members split 4 partitions; one left, the other took all; a later member resumed"
 
 
+class Cluster:
+    """Three `picomq serve` nodes on one Postgres database and one bucket prefix,
+    each a Kafka broker (PICOMQ_KAFKA_CLUSTER_META, PICOMQ_KAFKA_CLUSTER_STORE)."""
+
+    def __init__(self, meta, store):
+        self.base = ["--meta", meta, "--store", store]
+        self.admin = None
+        self.nodes = [Server(*self.base, "--node-id", f"k{i}") for i in range(3)]
+        self.settle()
+
+    def restart_with(self, *extra, admin=None):
+        """Stops every node, then starts each again with `extra` flags (`admin`:
+        the bootstrap token when they require one)."""
+        self.admin = admin
+        for i, n in enumerate(self.nodes):
+            n.stop()
+            n.extra = self.base + ["--node-id", f"k{i}"] + list(extra)
+        for n in self.nodes:
+            n.start()
+        self.settle()
+
+    @property
+    def url(self):
+        return self.nodes[0].url
+
+    def http(self, *args, **kwargs):
+        """An HTTP request through node 0 (it forwards to the stream's owner)."""
+        return self.nodes[0].http(*args, **kwargs)
+
+    def settle(self, timeout=60):
+        """Waits until three live members share the slots (joining nodes take
+        their share by hand-over, a few seconds after they start)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status, body, _ = self.nodes[0].http("GET", "/__picomq/nodes", token=self.admin)
+            nodes = json.loads(body)["nodes"] if status == 200 else []
+            live = [n for n in nodes if n["state"] == "live" and n["kafka"]]
+            if len(live) == 3 and all(n["slots"] > 200 for n in live):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the cluster did not settle:\n" + self.tail())
+
+    @property
+    def bootstrap(self):
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def node_at(self, port):
+        return next(n for n in self.nodes if n.kafka_port == port)
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
+
+    def tail(self, n=15):
+        return "\n".join(f"-- k{i}:\n{node.tail(n)}" for i, node in enumerate(self.nodes))
+
+
+def leaders(admin, topic):
+    """partition -> (broker id, broker port) as Metadata says."""
+    md = admin.list_topics(topic, timeout=10)
+    ports = {b.id: b.port for b in md.brokers.values()}
+    return {p.id: (p.leader, ports.get(p.leader)) for p in md.topics[topic].partitions.values()}
+
+
+def test_cluster_leader_killed(cl):
+    """Three brokers: a topic's partitions are led by the nodes owning their
+    streams; an idempotent producer keeps producing while the leader of a
+    partition is killed with SIGKILL (its partitions move to the survivors):
+    every message lands exactly once, in order per partition; records are read
+    over HTTP through any node."""
+    topic = "cl-" + uuid.uuid4().hex[:8]
+    admin = AdminClient({"bootstrap.servers": cl.nodes[0].bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(15)
+    md = admin.list_topics(timeout=10)
+    check(len(md.brokers) == 3, f"Metadata names {len(md.brokers)} brokers, not 3")
+    lead = leaders(admin, topic)
+    check(len(lead) == 6, f"{len(lead)} partitions")
+    check(len({b for b, _ in lead.values()}) >= 2,
+          f"every partition on one broker: {lead} (expected them spread)")
+    # Kafka in, HTTP out, through a node that does not lead the partition.
+    p = Producer({"bootstrap.servers": cl.nodes[1].bootstrap})
+    produce_all(p, [(topic, 0, b"k", b"hello over kafka", [("h", b"v")], None)])
+    leader_port = lead[0][1]
+    other = next(n for n in cl.nodes if n.kafka_port != leader_port)
+    status, body, _ = other.http("GET", f"/__picomq/streams/{topic}/records?seq=0")
+    check(status == 200, f"native read through a non-leader: {status} {body[:200]}")
+    rec = json.loads(body)["records"][0]
+    check(rec["body"] == "hello over kafka" and rec["key"] == "k",
+          f"native record through a non-leader: {rec}")
+    # An idempotent producer through the death of partition 0's leader.
+    p = Producer({"bootstrap.servers": cl.bootstrap, "enable.idempotence": True,
+                  "linger.ms": 5, "message.timeout.ms": 180000, "retry.backoff.ms": 100,
+                  "reconnect.backoff.max.ms": 500, "topic.metadata.refresh.interval.ms": 1000})
+    total, kill_at = 12000, 4000
+    errors, delivered = [], [0]
+
+    def done(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered[0] += 1
+
+    victim = cl.node_at(leader_port)
+    for i in range(total):
+        while True:
+            try:
+                p.produce(topic, value=str(i).encode(), partition=i % 6, on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 50 == 0:
+            p.poll(0.005)
+        if i == kill_at:
+            p.poll(0.05)
+            victim.kill9()
+            killed_at = time.time()
+        p.poll(0)
+    left = p.flush(180)
+    took = time.time() - killed_at
+    check(left == 0 and not errors, f"undelivered {left}, errors {errors[:3]}")
+    after = leaders(admin, topic)
+    check(all(port != leader_port for _, port in after.values()),
+          f"the killed node still leads: {after}")
+    got = consume(cl.nodes[2].bootstrap if victim is not cl.nodes[2] else cl.nodes[1].bootstrap,
+                  topic, range(6), total + 1, timeout=90)
+    by_part = {}
+    for m in got:
+        if m.value() != b"hello over kafka":
+            by_part.setdefault(m.partition(), []).append(int(m.value()))
+    for part, vals in by_part.items():
+        want = [v for v in range(total) if v % 6 == part]
+        check(vals == want, f"partition {part}: {len(vals)} records, {len(set(vals))} distinct, "
+                            f"in order: {vals == sorted(vals)}")
+    victim.start()
+    cl.settle()
+    return (f"6 partitions over 3 brokers; {total} idempotent messages, partition 0's leader "
+            f"SIGKILLed after {kill_at + 1}; all delivered {took:.1f}s after the kill, each "
+            "exactly once in order; leaders moved to the survivors")
+
+
+def test_cluster_group_coordinator_killed(cl):
+    """A consumer group of three members on the cluster: one leaves, one is killed
+    with SIGKILL, and the node coordinating the group is killed with SIGKILL too:
+    every record is processed, and a later member resumes at the commits."""
+    topic = "clg-" + uuid.uuid4().hex[:8]
+    group = "clg-" + uuid.uuid4().hex[:6]
+    admin = AdminClient({"bootstrap.servers": cl.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(15)
+    p = Producer({"bootstrap.servers": cl.bootstrap, "linger.ms": 5})
+    total = 3000
+    produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
+                    for i in range(total)])
+    work = tempfile.mkdtemp()
+    outs = [os.path.join(work, f"m{i}") for i in range(4)]
+
+    def member(i, pace_ms):
+        return subprocess.Popen([sys.executable, __file__, BIN, "--group-member", cl.bootstrap,
+                                 topic, group, outs[i], str(pace_ms)])
+
+    def seen(paths):
+        vals = []
+        for path in paths:
+            if os.path.exists(path):
+                with open(path) as f:
+                    vals += [int(x) for x in f.read().split()]
+        return vals
+
+    def until_processed(i, n, timeout=90):
+        deadline = time.time() + timeout
+        while time.time() < deadline and len(seen([outs[i]])) < n:
+            time.sleep(0.1)
+        check(len(seen([outs[i]])) >= n, f"member {i} processed fewer than {n} in {timeout}s")
+
+    members = [member(i, 4) for i in range(3)]
+    until_processed(0, 100)
+    desc = admin.describe_consumer_groups([group])[group].result(10)
+    coordinator = cl.node_at(desc.coordinator.port)
+    members[0].terminate()
+    members[0].wait(30)
+    until_processed(1, len(seen([outs[1]])) + 100)
+    coordinator.kill9()
+    members[1].kill()
+    members[1].wait()
+    deadline = time.time() + 120
+    while time.time() < deadline and set(seen(outs[:3])) != set(range(total)):
+        time.sleep(0.5)
+    processed = seen(outs[:3])
+    per_member = [len(seen([o])) for o in outs[:3]]
+    check(set(processed) == set(range(total)),
+          f"processed {len(set(processed))} of {total} distinct (members {per_member})")
+    members[2].terminate()
+    members[2].wait(30)
+    coordinator.start()
+    cl.settle()
+    produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
+                    for i in range(total, total + 500)])
+    late = member(3, 0)
+    deadline = time.time() + 90
+    while time.time() < deadline and len(seen([outs[3]])) < 500:
+        time.sleep(0.5)
+    time.sleep(1)
+    late.terminate()
+    late.wait(30)
+    resumed = seen([outs[3]])
+    check(sorted(resumed) == list(range(total, total + 500)),
+          f"the new member got {len(resumed)} records, "
+          f"{len([v for v in resumed if v < total])} of them already committed")
+    dupes = len(processed) - len(set(processed))
+    return (f"{total} records over members {per_member} (one left, one SIGKILLed, the "
+            f"coordinating node SIGKILLed, {dupes} redelivered); a later member resumed at "
+            "the committed offsets")
+
+
 def test_kafkajs(srv):
     """kafkajs (npm): admin, an idempotent gzip producer with keys and headers, a
     consumer group of two, a later member resuming at the commits."""
@@ -723,11 +954,46 @@ def main():
         ("slow store", [test_idempotent_producer_through_kill9], ["--store-latency", "20ms"]),
         ("auth", [test_sasl_scopes], None),
         ("tls", [test_tls], "tls"),
+        # The same clients on three nodes, each a broker; then a partition's leader
+        # and a group's coordinator are killed; then SASL, the cluster restarted
+        # with --auth required.
+        ("cluster", [test_librdkafka_codecs_keys_headers, test_kafka_and_http_are_one_stream,
+                     test_partitions_and_admin, test_kafka_python, test_kcat, test_kafkajs,
+                     test_cluster_leader_killed, test_cluster_group_coordinator_killed,
+                     test_sasl_scopes], "cluster"),
     ]:
         tests = [t for t in tests if not wanted or t.__name__ in wanted]
         if not tests:
             continue
         ca = None
+        if extra == "cluster":
+            meta = os.environ.get("PICOMQ_KAFKA_CLUSTER_META")
+            store = os.environ.get("PICOMQ_KAFKA_CLUSTER_STORE")
+            if not (meta and store):
+                print("SKIP cluster tests: PICOMQ_KAFKA_CLUSTER_META and "
+                      "PICOMQ_KAFKA_CLUSTER_STORE are not set (.ci/run sets them)")
+                continue
+            cl = Cluster(meta, store)
+            try:
+                for t in tests:
+                    if t is test_sasl_scopes:
+                        secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
+                        with open(secret_file, "w") as f:
+                            f.write(BOOTSTRAP_SECRET)
+                        cl.restart_with("--auth", "required", "--bootstrap-token-file",
+                                        secret_file, admin=BOOTSTRAP_SECRET)
+                    t0 = time.time()
+                    try:
+                        what = t(cl)
+                        print(f"PASS [cluster] {t.__name__} ({time.time() - t0:.1f}s): {what}")
+                    except Exception:
+                        failed += 1
+                        print(f"FAIL [cluster] {t.__name__} ({time.time() - t0:.1f}s)")
+                        traceback.print_exc()
+                        print("node logs:\n" + cl.tail())
+            finally:
+                cl.stop()
+            continue
         if extra == "tls":
             extra, ca = tls_args()
         if extra is None:

@@ -1,11 +1,11 @@
 // kafkajs (npm) against a running `picomq serve --kafka-listen`: the admin API,
 // a gzip-compressed keyed producer with headers, and a consumer group of two
 // members that consumes everything and commits; a later member of the group
-// resumes at the committed offsets.   node clients.mjs HOST:PORT
+// resumes at the committed offsets.   node clients.mjs HOST:PORT[,HOST:PORT...]
 import { Kafka, CompressionTypes, logLevel } from "kafkajs";
 
 const broker = process.argv[2];
-const kafka = new Kafka({ clientId: "kafkajs-ci", brokers: [broker], logLevel: logLevel.NOTHING });
+const kafka = new Kafka({ clientId: "kafkajs-ci", brokers: broker.split(","), logLevel: logLevel.NOTHING });
 const topic = `kjs-${Math.random().toString(16).slice(2, 10)}`;
 const group = `kjs-group-${Math.random().toString(16).slice(2, 8)}`;
 const fail = (m) => { console.error(`FAIL kafkajs: ${m}`); process.exit(1); };
