@@ -133,6 +133,16 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def produce_one(producer, topic, **kwargs):
+    """producer.produce(), waiting while librdkafka's queue is full."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def produce_all(producer, messages, flush_timeout=60):
     """Produces (topic, partition|None, key, value, headers, ts) tuples; returns
     the delivery reports as (error, topic, partition, offset) in produce order."""
@@ -149,12 +159,7 @@ def produce_all(producer, messages, flush_timeout=60):
             kwargs["partition"] = part
         if ts is not None:
             kwargs["timestamp"] = ts
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_one(producer, topic, **kwargs)
         producer.poll(0)
     left = producer.flush(flush_timeout)
     check(left == 0, f"{left} messages still undelivered after {flush_timeout}s")
@@ -375,12 +380,7 @@ def test_idempotent_producer_through_kill9(srv):
             delivered[0] += 1
 
     for i in range(total):
-        while True:
-            try:
-                p.produce(topic, value=str(i).encode(), key=b"k", on_delivery=done)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_one(p, topic, value=str(i).encode(), key=b"k", on_delivery=done)
         if i % 100 == 0:
             # Paced, so that batches are in flight when the server dies.
             p.poll(0.005)
@@ -553,14 +553,16 @@ def group_member(bootstrap, topic, group, out_path, pace_ms):
     c.close()
 
 
-def test_consumer_group_members_come_and_go(srv):
-    """A group of three librdkafka consumers in their own processes: one leaves,
-    one is killed with SIGKILL; every message is processed, and a new member
-    resumes from the committed offsets."""
+def group_scenario(srv, before_kill=lambda: None, after_all=lambda: None):
+    """A group of three librdkafka consumers in their own processes on a topic of
+    six partitions: one leaves, one is killed with SIGKILL, and every record must
+    be processed; then a new member must resume at the committed offsets.
+    `before_kill()` runs just before the SIGKILL, `after_all()` once every record
+    was processed. Returns (records per member, records processed twice)."""
     topic = "grp-" + uuid.uuid4().hex[:8]
     group = "g-" + uuid.uuid4().hex[:6]
     admin = AdminClient({"bootstrap.servers": srv.bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(10)
+    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(15)
     p = Producer({"bootstrap.servers": srv.bootstrap, "linger.ms": 5})
     total = 3000
     produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
@@ -580,49 +582,62 @@ def test_consumer_group_members_come_and_go(srv):
                     vals += [int(x) for x in f.read().split()]
         return vals
 
-    def until_processed(i, n, timeout=60):
+    def until_processed(i, n, timeout=90):
         deadline = time.time() + timeout
         while time.time() < deadline and len(seen([outs[i]])) < n:
             time.sleep(0.1)
         check(len(seen([outs[i]])) >= n, f"member {i} processed fewer than {n} in {timeout}s")
 
     members = [member(i, 3) for i in range(3)]
-    # Each leaves mid-stream: once it has processed some of its share.
-    until_processed(0, 100)
-    members[0].terminate()          # leaves the group (LeaveGroup)
-    members[0].wait(30)
-    until_processed(1, len(seen([outs[1]])) + 100)
-    members[1].kill()               # SIGKILL: its heartbeats stop
-    members[1].wait()
-    deadline = time.time() + 90
-    while time.time() < deadline and set(seen(outs[:3])) != set(range(total)):
-        time.sleep(0.5)
-    processed = seen(outs[:3])
-    per_member = [len(seen([o])) for o in outs[:3]]
-    check(set(processed) == set(range(total)),
-          f"processed {len(set(processed))} of {total} distinct (members {per_member})")
-    check(all(n > 0 for n in per_member), f"a member processed nothing: {per_member}")
-    members[2].terminate()
-    members[2].wait(30)
-    # The committed offsets are durable: the server is killed and restarted.
-    srv.kill9()
-    srv.start()
-    # New records; a new member resumes where the group committed.
-    produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
-                    for i in range(total, total + 500)])
-    late = member(3, 0)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(seen([outs[3]])) < 500:
-        time.sleep(0.5)
-    time.sleep(1)
-    late.terminate()
-    late.wait(30)
-    resumed = seen([outs[3]])
-    check(sorted(resumed) == list(range(total, total + 500)),
-          f"the new member got {len(resumed)} records, "
-          f"{len([v for v in resumed if v < total])} of them already committed")
-    dupes = len(processed) - len(set(processed))
-    return (f"{total} records over members {per_member} (one left, one SIGKILLed, "
+    try:
+        # Each leaves mid-stream: once it has processed some of its share.
+        until_processed(0, 100)
+        members[0].terminate()          # leaves the group (LeaveGroup)
+        members[0].wait(30)
+        until_processed(1, len(seen([outs[1]])) + 100)
+        before_kill(group)
+        members[1].kill()               # SIGKILL: its heartbeats stop
+        members[1].wait()
+        deadline = time.time() + 120
+        while time.time() < deadline and set(seen(outs[:3])) != set(range(total)):
+            time.sleep(0.5)
+        processed = seen(outs[:3])
+        per_member = [len(seen([o])) for o in outs[:3]]
+        check(set(processed) == set(range(total)),
+              f"processed {len(set(processed))} of {total} distinct (members {per_member})")
+        check(all(n > 0 for n in per_member), f"a member processed nothing: {per_member}")
+        members[2].terminate()
+        members[2].wait(30)
+        after_all()
+        # New records; a new member resumes where the group committed.
+        produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
+                        for i in range(total, total + 500)])
+        members.append(member(3, 0))
+        deadline = time.time() + 90
+        while time.time() < deadline and len(seen([outs[3]])) < 500:
+            time.sleep(0.5)
+        time.sleep(1)
+        resumed = seen([outs[3]])
+        check(sorted(resumed) == list(range(total, total + 500)),
+              f"the new member got {len(resumed)} records, "
+              f"{len([v for v in resumed if v < total])} of them already committed")
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.terminate()
+                m.wait(30)
+    return per_member, len(processed) - len(set(processed))
+
+
+def test_consumer_group_members_come_and_go(srv):
+    """A group of three members in their own processes, one leaving and one
+    SIGKILLed; the committed offsets survive a SIGKILL of the server."""
+    def kill_server():
+        srv.kill9()
+        srv.start()
+    per_member, dupes = group_scenario(srv, before_kill=lambda _group: None,
+                                       after_all=kill_server)
+    return (f"3000 records over members {per_member} (one left, one SIGKILLed, "
             f"{dupes} redelivered); after a server SIGKILL the next member resumed at "
             "the committed offsets")
 
@@ -788,12 +803,7 @@ def test_cluster_leader_killed(cl):
 
     victim = cl.node_at(leader_port)
     for i in range(total):
-        while True:
-            try:
-                p.produce(topic, value=str(i).encode(), partition=i % 6, on_delivery=done)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_one(p, topic, value=str(i).encode(), partition=i % 6, on_delivery=done)
         if i % 50 == 0:
             p.poll(0.005)
         if i == kill_at:
@@ -828,71 +838,19 @@ def test_cluster_group_coordinator_killed(cl):
     """A consumer group of three members on the cluster: one leaves, one is killed
     with SIGKILL, and the node coordinating the group is killed with SIGKILL too:
     every record is processed, and a later member resumes at the commits."""
-    topic = "clg-" + uuid.uuid4().hex[:8]
-    group = "clg-" + uuid.uuid4().hex[:6]
-    admin = AdminClient({"bootstrap.servers": cl.bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=1)])[topic].result(15)
-    p = Producer({"bootstrap.servers": cl.bootstrap, "linger.ms": 5})
-    total = 3000
-    produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
-                    for i in range(total)])
-    work = tempfile.mkdtemp()
-    outs = [os.path.join(work, f"m{i}") for i in range(4)]
+    killed = []
 
-    def member(i, pace_ms):
-        return subprocess.Popen([sys.executable, __file__, BIN, "--group-member", cl.bootstrap,
-                                 topic, group, outs[i], str(pace_ms)])
+    def kill_coordinator(group):
+        admin = AdminClient({"bootstrap.servers": cl.bootstrap})
+        desc = admin.describe_consumer_groups([group])[group].result(10)
+        killed.append(cl.node_at(desc.coordinator.port))
+        killed[0].kill9()
 
-    def seen(paths):
-        vals = []
-        for path in paths:
-            if os.path.exists(path):
-                with open(path) as f:
-                    vals += [int(x) for x in f.read().split()]
-        return vals
-
-    def until_processed(i, n, timeout=90):
-        deadline = time.time() + timeout
-        while time.time() < deadline and len(seen([outs[i]])) < n:
-            time.sleep(0.1)
-        check(len(seen([outs[i]])) >= n, f"member {i} processed fewer than {n} in {timeout}s")
-
-    members = [member(i, 4) for i in range(3)]
-    until_processed(0, 100)
-    desc = admin.describe_consumer_groups([group])[group].result(10)
-    coordinator = cl.node_at(desc.coordinator.port)
-    members[0].terminate()
-    members[0].wait(30)
-    until_processed(1, len(seen([outs[1]])) + 100)
-    coordinator.kill9()
-    members[1].kill()
-    members[1].wait()
-    deadline = time.time() + 120
-    while time.time() < deadline and set(seen(outs[:3])) != set(range(total)):
-        time.sleep(0.5)
-    processed = seen(outs[:3])
-    per_member = [len(seen([o])) for o in outs[:3]]
-    check(set(processed) == set(range(total)),
-          f"processed {len(set(processed))} of {total} distinct (members {per_member})")
-    members[2].terminate()
-    members[2].wait(30)
-    coordinator.start()
-    cl.settle()
-    produce_all(p, [(topic, None, str(i).encode(), str(i).encode(), None, None)
-                    for i in range(total, total + 500)])
-    late = member(3, 0)
-    deadline = time.time() + 90
-    while time.time() < deadline and len(seen([outs[3]])) < 500:
-        time.sleep(0.5)
-    time.sleep(1)
-    late.terminate()
-    late.wait(30)
-    resumed = seen([outs[3]])
-    check(sorted(resumed) == list(range(total, total + 500)),
-          f"the new member got {len(resumed)} records, "
-          f"{len([v for v in resumed if v < total])} of them already committed")
-    dupes = len(processed) - len(set(processed))
-    return (f"{total} records over members {per_member} (one left, one SIGKILLed, the "
+    def restart():
+        killed[0].start()
+        cl.settle()
+    per_member, dupes = group_scenario(cl, before_kill=kill_coordinator, after_all=restart)
+    return (f"3000 records over members {per_member} (one left, one SIGKILLed, the "
             f"coordinating node SIGKILLed, {dupes} redelivered); a later member resumed at "
             "the committed offsets")
 
@@ -934,6 +892,14 @@ def tls_args():
     return ["--tls-cert", cert, "--tls-key", key], cert
 
 
+def auth_args():
+    """Flags for a server that requires tokens, with BOOTSTRAP_SECRET its admin."""
+    secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
+    with open(secret_file, "w") as f:
+        f.write(BOOTSTRAP_SECRET)
+    return ["--auth", "required", "--bootstrap-token-file", secret_file]
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[2] == "--group-member":
         group_member(*sys.argv[3:7], int(sys.argv[7]))
@@ -965,7 +931,6 @@ def main():
         tests = [t for t in tests if not wanted or t.__name__ in wanted]
         if not tests:
             continue
-        ca = None
         if extra == "cluster":
             meta = os.environ.get("PICOMQ_KAFKA_CLUSTER_META")
             store = os.environ.get("PICOMQ_KAFKA_CLUSTER_STORE")
@@ -973,45 +938,26 @@ def main():
                 print("SKIP cluster tests: PICOMQ_KAFKA_CLUSTER_META and "
                       "PICOMQ_KAFKA_CLUSTER_STORE are not set (.ci/run sets them)")
                 continue
-            cl = Cluster(meta, store)
-            try:
-                for t in tests:
-                    if t is test_sasl_scopes:
-                        secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
-                        with open(secret_file, "w") as f:
-                            f.write(BOOTSTRAP_SECRET)
-                        cl.restart_with("--auth", "required", "--bootstrap-token-file",
-                                        secret_file, admin=BOOTSTRAP_SECRET)
-                    t0 = time.time()
-                    try:
-                        what = t(cl)
-                        print(f"PASS [cluster] {t.__name__} ({time.time() - t0:.1f}s): {what}")
-                    except Exception:
-                        failed += 1
-                        print(f"FAIL [cluster] {t.__name__} ({time.time() - t0:.1f}s)")
-                        traceback.print_exc()
-                        print("node logs:\n" + cl.tail())
-            finally:
-                cl.stop()
-            continue
-        if extra == "tls":
-            extra, ca = tls_args()
-        if extra is None:
-            secret_file = os.path.join(tempfile.mkdtemp(), "bootstrap")
-            with open(secret_file, "w") as f:
-                f.write(BOOTSTRAP_SECRET)
-            extra = ["--auth", "required", "--bootstrap-token-file", secret_file]
-        srv = Server(*extra)
-        srv.tls_ca = ca
+            srv, label = Cluster(meta, store), "[cluster] "
+        else:
+            ca = None
+            if extra == "tls":
+                extra, ca = tls_args()
+            if extra is None:
+                extra = auth_args()
+            srv, label = Server(*extra), ""
+            srv.tls_ca = ca
         try:
             for t in tests:
+                if t is test_sasl_scopes and isinstance(srv, Cluster):
+                    srv.restart_with(*auth_args(), admin=BOOTSTRAP_SECRET)
                 t0 = time.time()
                 try:
                     what = t(srv)
-                    print(f"PASS {t.__name__} ({time.time() - t0:.1f}s): {what}")
+                    print(f"PASS {label}{t.__name__} ({time.time() - t0:.1f}s): {what}")
                 except Exception:
                     failed += 1
-                    print(f"FAIL {t.__name__} ({time.time() - t0:.1f}s)")
+                    print(f"FAIL {label}{t.__name__} ({time.time() - t0:.1f}s)")
                     traceback.print_exc()
                     print("server log:\n" + srv.tail())
         finally:
