@@ -28,6 +28,7 @@ mod gc;
 mod graceful_shutdown;
 mod group_commit;
 mod kafka_bad_input;
+mod kafka_cluster;
 mod native_api;
 mod read_offsets;
 mod restart_recovery;
