@@ -166,9 +166,7 @@ impl Coordinator {
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         match groups.get(key) {
             Some((t, g)) if *t == term => return Ok(g.clone()),
-            Some(_) => {
-                groups.remove(key);
-            }
+            Some(_) => unload_later(groups.remove(key)),
             None => {}
         }
         if groups.len() >= GROUPS_MAX {
@@ -209,7 +207,7 @@ impl Coordinator {
         match groups.get(key) {
             Some((t, g)) if *t == term => Ok(Some(g.clone())),
             Some(_) => {
-                groups.remove(key);
+                unload_later(groups.remove(key));
                 Ok(None)
             }
             None => Ok(None),
@@ -232,34 +230,49 @@ impl Coordinator {
             .cloned()
             .collect()
     }
+}
 
-    /// Expires lapsed sessions and ends join phases that are due; runs until
-    /// `shutdown`.
-    pub async fn tick(
-        self: Arc<Self>,
-        join_delay: Duration,
-        shutdown: picomq_engine::shutdown::ShutdownSignal,
-    ) {
-        let mut every = tokio::time::interval(Duration::from_millis(100));
-        loop {
-            tokio::select! {
-                _ = every.tick() => {}
-                () = shutdown.fired() => return,
-            }
-            let groups: Vec<_> = self
+/// Unloads a group of an earlier term (see `Group::unload`) once its lock is free.
+fn unload_later(stale: Option<Held>) {
+    if let Some((_, g)) = stale {
+        tokio::spawn(async move { g.lock().await.unload() });
+    }
+}
+
+/// Expires lapsed sessions and ends join phases that are due; unloads the groups
+/// this node no longer coordinates (their slot moved to another member), answering
+/// their waiting members NOT_COORDINATOR at once. Runs until `shutdown`.
+pub(crate) async fn tick(kafka: Arc<Kafka>, shutdown: picomq_engine::shutdown::ShutdownSignal) {
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = shutdown.fired() => return,
+        }
+        let (groups, unloaded) = {
+            let mut held = kafka
+                .groups
                 .groups
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .map(|(_, g)| g.clone())
+                .unwrap_or_else(|e| e.into_inner());
+            let gone: Vec<String> = held
+                .iter()
+                .filter(|(key, (term, _))| coordinating(&kafka, key) != Ok(*term))
+                .map(|(key, _)| key.clone())
                 .collect();
-            for g in groups {
-                let mut g = g.lock().await;
-                g.expire(Instant::now());
-                g.complete_join(join_delay, Instant::now());
-                let key = g.key.clone();
-                g.consumer.expire(Instant::now(), &key);
-            }
+            let unloaded: Vec<_> = gone.iter().filter_map(|k| held.remove(k)).collect();
+            let groups: Vec<_> = held.values().map(|(_, g)| g.clone()).collect();
+            (groups, unloaded)
+        };
+        for (_, g) in unloaded {
+            g.lock().await.unload();
+        }
+        for g in groups {
+            let mut g = g.lock().await;
+            g.expire(Instant::now());
+            g.complete_join(kafka.join_delay, Instant::now());
+            let key = g.key.clone();
+            g.consumer.expire(Instant::now(), &key);
         }
     }
 }
@@ -526,6 +539,28 @@ impl Group {
             return ILLEGAL_GENERATION;
         }
         code::NONE
+    }
+
+    /// This node stopped coordinating the group: every member waiting in
+    /// JoinGroup or SyncGroup is answered NOT_COORDINATOR now, so it finds the
+    /// new coordinator instead of waiting for its request to time out.
+    fn unload(&mut self) {
+        for (id, m) in self.members.iter_mut() {
+            if let Some(tx) = m.join.take() {
+                let _ = tx.send(Joined {
+                    error: NOT_COORDINATOR,
+                    generation: -1,
+                    protocol: None,
+                    leader: String::new(),
+                    member_id: id.clone(),
+                    members: Vec::new(),
+                });
+            }
+            if let Some(tx) = m.sync.take() {
+                let _ = tx.send((NOT_COORDINATOR, Bytes::new()));
+            }
+        }
+        self.members.clear();
     }
 
     pub fn leave(&mut self, member: &str) -> i16 {

@@ -171,12 +171,7 @@ pub async fn serve(
         topic_ids: Default::default(),
         config,
     });
-    tokio::spawn(
-        kafka
-            .groups
-            .clone()
-            .tick(kafka.join_delay, shutdown.clone()),
-    );
+    tokio::spawn(groups::tick(kafka.clone(), shutdown.clone()));
     tracing::info!(kafka_listen = %bound, advertise = %format!("{}:{}", kafka.host, kafka.port), tls = tls.is_some(), "serving Kafka clients");
     loop {
         let accepted = tokio::select! {

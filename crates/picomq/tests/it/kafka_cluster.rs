@@ -2,8 +2,9 @@
 //! nodes: every node names both brokers and the same leaders, a partition's
 //! leader is the node serving its stream, and a node that does not lead a
 //! partition or coordinate a group answers with the protocol's errors
-//! (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR) instead of acting. The clients'
-//! side of the same (failover, groups, SASL) is tests-kafka/clients.py.
+//! (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR) instead of acting; a member waiting
+//! in JoinGroup when its coordinator's node is drained is answered at once. The
+//! clients' side of the same (failover, groups, SASL) is tests-kafka/clients.py.
 //! Needs `PICOMQ_TEST_PG_URL` (see `picomq_testkit::postgres`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -289,5 +290,59 @@ async fn every_node_is_a_broker_and_only_leaders_and_coordinators_act() {
             .await;
         assert_eq!(fetched.error_code, 0, "{group}: {fetched:?}");
     }
+
+    // A member waiting in JoinGroup while its coordinator's node is drained is
+    // answered NOT_COORDINATOR at once, not at its rebalance timeout.
+    let group = "g-drained";
+    let find = FindCoordinatorRequest::default()
+        .with_key(StrBytes::from_static_str(group))
+        .with_key_type(0);
+    let found: FindCoordinatorResponse = conns[0].call(ApiKey::FindCoordinator, 3, &find).await;
+    let coordinator = kafka_ports
+        .iter()
+        .position(|p| i32::from(*p) == found.port)
+        .unwrap();
+    let join = |member: &str| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str(group)))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(30_000)
+            .with_member_id(StrBytes::from_string(member.to_string()))
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(Bytes::from_static(b"\0"))])
+    };
+    // Member one joins and the group settles on it.
+    let mut first = Conn::connect(kafka_ports[coordinator]).await;
+    let asked: JoinGroupResponse = first.call(ApiKey::JoinGroup, 5, &join("")).await;
+    let one = asked.member_id.to_string();
+    let joined: JoinGroupResponse = first.call(ApiKey::JoinGroup, 5, &join(&one)).await;
+    assert_eq!(joined.error_code, 0, "{joined:?}");
+    // Member two joins: a rebalance that waits for member one (up to 30 s).
+    let mut second = Conn::connect(kafka_ports[coordinator]).await;
+    let asked: JoinGroupResponse = second.call(ApiKey::JoinGroup, 5, &join("")).await;
+    let two = asked.member_id.to_string();
+    let drain = {
+        let client = cluster.node(coordinator).client.clone();
+        let path = format!(
+            "/__picomq/nodes/{}/drain",
+            TestCluster::node_id(coordinator)
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.post(&path, &[], "").await.unwrap()
+        })
+    };
+    let started = std::time::Instant::now();
+    let waited: JoinGroupResponse = second.call(ApiKey::JoinGroup, 5, &join(&two)).await;
+    assert_eq!(waited.error_code, NOT_COORDINATOR, "{waited:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let drained = drain.await.unwrap();
+    assert!(drained.status.is_success(), "{}", drained.text());
     cluster.shut_down().await;
 }
