@@ -102,17 +102,6 @@ impl Kafka {
         let leader = self.leader(name)?;
         self.brokers().into_iter().find(|b| b.id == leader.broker)
     }
-
-    /// Whether this node may act for the stream `name` now (always off a cluster).
-    pub(crate) fn serves(&self, name: &str) -> bool {
-        self.engine.cluster().is_none_or(|c| c.owns(slot_of(name)))
-    }
-
-    /// The term this node serves `name`'s slot at (0 off a cluster); changes
-    /// whenever its service of the slot was interrupted.
-    pub(crate) fn term(&self, name: &str) -> u64 {
-        self.engine.cluster().map_or(0, |c| c.term(slot_of(name)))
-    }
 }
 
 #[cfg(test)]

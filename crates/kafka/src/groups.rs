@@ -87,6 +87,20 @@ pub(crate) struct Joined {
     pub members: Vec<(String, Option<String>, Bytes)>,
 }
 
+impl Joined {
+    /// A JoinGroup answered with `error`.
+    fn refused(error: i16, member_id: String) -> Joined {
+        Joined {
+            error,
+            generation: -1,
+            protocol: None,
+            leader: String::new(),
+            member_id,
+            members: Vec::new(),
+        }
+    }
+}
+
 pub(crate) struct Member {
     pub client_id: String,
     pub client_host: String,
@@ -151,10 +165,10 @@ fn offsets_stream(kafka: &Kafka, key: &str) -> Result<StreamName, EngineError> {
 /// does not (another member does, or the group is moving).
 pub(crate) fn coordinating(kafka: &Kafka, key: &str) -> Result<u64, i16> {
     let name = offsets_stream_name(key);
-    if !kafka.serves(&name) {
+    if !kafka.engine.serves(&name) {
         return Err(NOT_COORDINATOR);
     }
-    Ok(kafka.term(&name))
+    Ok(kafka.engine.term_of(&name))
 }
 
 impl Coordinator {
@@ -164,10 +178,8 @@ impl Coordinator {
     pub fn group(&self, kafka: &Kafka, key: &str) -> Result<Arc<Mutex<Group>>, i16> {
         let term = coordinating(kafka, key)?;
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        match groups.get(key) {
-            Some((t, g)) if *t == term => return Ok(g.clone()),
-            Some(_) => unload_later(groups.remove(key)),
-            None => {}
+        if let Some(g) = current(&mut groups, key, term) {
+            return Ok(g);
         }
         if groups.len() >= GROUPS_MAX {
             // Forget a group nobody is in (its offsets stay durable).
@@ -204,14 +216,7 @@ impl Coordinator {
     pub fn existing(&self, kafka: &Kafka, key: &str) -> Result<Option<Arc<Mutex<Group>>>, i16> {
         let term = coordinating(kafka, key)?;
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-        match groups.get(key) {
-            Some((t, g)) if *t == term => Ok(Some(g.clone())),
-            Some(_) => {
-                unload_later(groups.remove(key));
-                Ok(None)
-            }
-            None => Ok(None),
-        }
+        Ok(current(&mut groups, key, term))
     }
 
     pub fn forget(&self, key: &str) {
@@ -232,10 +237,18 @@ impl Coordinator {
     }
 }
 
-/// Unloads a group of an earlier term (see `Group::unload`) once its lock is free.
-fn unload_later(stale: Option<Held>) {
-    if let Some((_, g)) = stale {
-        tokio::spawn(async move { g.lock().await.unload() });
+/// The group `key` held at `term`; one held at an earlier term is taken out and
+/// unloaded (see `Group::unload`) once its lock is free.
+fn current(groups: &mut HashMap<String, Held>, key: &str, term: u64) -> Option<Arc<Mutex<Group>>> {
+    match groups.get(key) {
+        Some((t, g)) if *t == term => Some(g.clone()),
+        Some(_) => {
+            if let Some((_, stale)) = groups.remove(key) {
+                tokio::spawn(async move { stale.lock().await.unload() });
+            }
+            None
+        }
+        None => None,
     }
 }
 
@@ -312,14 +325,7 @@ impl Group {
         join_delay: Duration,
     ) -> Result<oneshot::Receiver<Joined>, Joined> {
         let now = Instant::now();
-        let refuse = |error: i16, member_id: String| Joined {
-            error,
-            generation: -1,
-            protocol: None,
-            leader: String::new(),
-            member_id,
-            members: Vec::new(),
-        };
+        let refuse = Joined::refused;
         if req.session < SESSION_MIN || req.session > SESSION_MAX {
             return Err(refuse(INVALID_SESSION_TIMEOUT, req.member_id));
         }
@@ -436,14 +442,7 @@ impl Group {
         let Some(protocol) = protocol else {
             for m in self.members.values_mut() {
                 if let Some(tx) = m.join.take() {
-                    let _ = tx.send(Joined {
-                        error: INCONSISTENT_GROUP_PROTOCOL,
-                        generation: -1,
-                        protocol: None,
-                        leader: String::new(),
-                        member_id: String::new(),
-                        members: Vec::new(),
-                    });
+                    let _ = tx.send(Joined::refused(INCONSISTENT_GROUP_PROTOCOL, String::new()));
                 }
             }
             self.members.clear();
@@ -547,14 +546,7 @@ impl Group {
     fn unload(&mut self) {
         for (id, m) in self.members.iter_mut() {
             if let Some(tx) = m.join.take() {
-                let _ = tx.send(Joined {
-                    error: NOT_COORDINATOR,
-                    generation: -1,
-                    protocol: None,
-                    leader: String::new(),
-                    member_id: id.clone(),
-                    members: Vec::new(),
-                });
+                let _ = tx.send(Joined::refused(NOT_COORDINATOR, id.clone()));
             }
             if let Some(tx) = m.sync.take() {
                 let _ = tx.send((NOT_COORDINATOR, Bytes::new()));

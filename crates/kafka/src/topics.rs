@@ -80,7 +80,7 @@ pub(crate) async fn partition_count_and_id(
     // The stream itself where this node serves it; else the metadata listing,
     // which every member reads without calling the owner (a Metadata request
     // must not wait on a member that died: its partitions are about to move).
-    let id = if kafka.serves(base) {
+    let id = if kafka.engine.serves(base) {
         match kafka.engine.stream(base).await {
             Ok(s) => s.handle.config.id,
             Err(EngineError::NotFound | EngineError::Gone) => return Ok(None),
@@ -116,15 +116,6 @@ pub(crate) async fn partition_count_and_id(
 
 /// The stream `name` (absolute) as the member serving it knows it.
 pub(crate) async fn info(kafka: &Kafka, name: &str) -> Result<StreamAdminAnswer, EngineError> {
-    if kafka.serves(name) {
-        let name = StreamName::new(name, kafka.engine.config().stream_name_bytes_max)?;
-        let s = kafka.engine.head(&name).await?;
-        return Ok(StreamAdminAnswer {
-            id: s.id,
-            retention_secs: s.retention_secs,
-            created: false,
-        });
-    }
     kafka
         .engine
         .admin(&StreamAdmin::Info {

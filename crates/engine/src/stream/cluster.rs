@@ -119,13 +119,13 @@ impl Service {
     }
 
     /// Whether this node serves the stream `name` (always, outside a cluster).
-    pub(crate) fn serves(&self, name: &str) -> bool {
+    pub fn serves(&self, name: &str) -> bool {
         self.cluster().is_none_or(|c| c.owns(slot_of(name)))
     }
 
     /// The ownership term `name`'s slot is served at (`Cluster::term`); 0 outside a
     /// cluster, and while this node does not serve it.
-    pub(crate) fn term_of(&self, name: &str) -> u64 {
+    pub fn term_of(&self, name: &str) -> u64 {
         self.cluster().map_or(0, |c| c.term(slot_of(name)))
     }
 
