@@ -109,6 +109,24 @@ pub enum StreamAdmin {
         stream: String,
         retention_secs: Option<u64>,
     },
+    /// Appends every record of `from`, a companion of `stream` (so served by the
+    /// same member), to `stream`, then trims `from` to where it was read. The
+    /// appends carry the stamp `producer` at `epoch` with sequence numbers from 0,
+    /// so a repeat after a crash part way is answered as a duplicate for what was
+    /// already appended (a Kafka transaction's commit, docs/kafka.md). `create`
+    /// makes `stream` (with `from`'s media type) if it does not exist.
+    Publish {
+        stream: String,
+        from: String,
+        producer: String,
+        epoch: u64,
+        create: bool,
+    },
+    /// Trims every record of the stream (a Kafka transaction's abort); a missing
+    /// stream is no error.
+    Discard {
+        stream: String,
+    },
 }
 
 impl StreamAdmin {
@@ -118,7 +136,9 @@ impl StreamAdmin {
             StreamAdmin::Create { stream, .. }
             | StreamAdmin::Delete { stream }
             | StreamAdmin::Info { stream }
-            | StreamAdmin::SetRetention { stream, .. } => stream,
+            | StreamAdmin::SetRetention { stream, .. }
+            | StreamAdmin::Publish { stream, .. }
+            | StreamAdmin::Discard { stream } => stream,
         }
     }
 }
@@ -130,6 +150,9 @@ pub struct StreamAdminAnswer {
     pub retention_secs: Option<u64>,
     /// A create made the stream (rather than finding it).
     pub created: bool,
+    /// Records a publish appended (0 for a repeat).
+    #[serde(default)]
+    pub published: u64,
 }
 
 /// Who leads a slot for Kafka clients: the member that owns it, as last read.

@@ -17,11 +17,11 @@ pub fn slot_of(name: &str) -> u32 {
 }
 
 /// Prefixes of companion streams: server-kept state about one stream (a consumer
-/// group's, a consumer's position), named `PREFIX{key}/{stream}` with a `key`
-/// without `/`. A companion lives in its stream's slot, so the member serving the
+/// group's, a consumer's position, records a Kafka transaction holds until its
+/// outcome), named `PREFIX{key}/{stream}` with a `key` without `/`. A companion lives in its stream's slot, so the member serving the
 /// stream serves its companions and works on both locally. No client can name a
 /// stream starting with `__`, so no stream's slot is changed by this.
-pub const COMPANION_PREFIXES: [&str; 2] = ["__groups/", "__positions/"];
+pub const COMPANION_PREFIXES: [&str; 3] = ["__groups/", "__positions/", "__kafka/stage/"];
 
 /// The name whose slot `name` takes: its stream's for a companion, its own else.
 pub fn placed_by(name: &str) -> &str {
@@ -53,6 +53,7 @@ mod companion_tests {
     fn a_companion_stream_lives_in_its_streams_slot() {
         assert_eq!(slot_of("__groups/g1/orders/eu"), slot_of("orders/eu"));
         assert_eq!(slot_of("__positions/fn-a/orders/eu"), slot_of("orders/eu"));
+        assert_eq!(slot_of("__kafka/stage/7.0/orders/eu"), slot_of("orders/eu"));
         assert_eq!(slot_of("orders/eu"), crc32c::crc32c(b"orders/eu") % SLOTS);
         assert_eq!(placed_by("__groups/nogroup"), "__groups/nogroup");
     }

@@ -17,11 +17,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::handle::{Lifecycle, StreamHandle};
-use super::{CreateRequest, StreamInfo};
+use super::{AppendOutcome, AppendRequest, CreateRequest, NewRecord, Producer, StreamInfo};
 use crate::cluster::{
     slot_of, Cluster, ForkPin, Peers, PinnedFork, Route, StreamAdmin, StreamAdminAnswer,
 };
-use crate::domain::{ContentType, StreamName};
+use crate::domain::{ContentType, ProducerId, StreamName};
 use crate::error::{EngineError, Result};
 use crate::offset::Offset;
 use crate::stream::Service;
@@ -455,6 +455,7 @@ impl Service {
             id: info.id,
             retention_secs: info.retention_secs,
             created,
+            published: 0,
         };
         match op {
             StreamAdmin::Create {
@@ -479,6 +480,121 @@ impl Service {
                 self.set_retention(&name, *retention_secs).await?;
                 Ok(answer(self.head(&name).await?, false))
             }
+            StreamAdmin::Publish {
+                from,
+                producer,
+                epoch,
+                create,
+                ..
+            } => {
+                let from = StreamName::new(from.as_str(), self.inner.config.stream_name_bytes_max)?;
+                if slot_of(from.as_str()) != slot_of(name.as_str()) {
+                    return Err(EngineError::bad_request(format!(
+                        "{from} is not a companion of {name}"
+                    )));
+                }
+                let published = self
+                    .publish(&from, &name, producer, *epoch, *create)
+                    .await?;
+                Ok(StreamAdminAnswer {
+                    published,
+                    ..StreamAdminAnswer::default()
+                })
+            }
+            StreamAdmin::Discard { .. } => {
+                match self.stream(&name).await {
+                    Ok(s) => {
+                        let tail = s.handle.view().tail;
+                        self.trim(&name, tail).await?;
+                    }
+                    Err(EngineError::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+                Ok(StreamAdminAnswer::default())
+            }
         }
+    }
+
+    /// [`StreamAdmin::Publish`] on this node: `from`'s records appended to `to` in
+    /// pieces of at most the append limit, stamped `producer` at `epoch` with
+    /// sequence numbers counted from 0 over the records (the same pieces and
+    /// numbers on a repeat), then `from` trimmed. The count appended (not
+    /// counting duplicates).
+    async fn publish(
+        &self,
+        from: &StreamName,
+        to: &StreamName,
+        producer: &str,
+        epoch: u64,
+        create: bool,
+    ) -> Result<u64> {
+        let id = ProducerId::new(producer, self.inner.config.producer_id_bytes_max)?;
+        let source = match self.stream(from).await {
+            Ok(s) => s,
+            Err(EngineError::NotFound) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let limit = self.inner.config.append_bytes_max.max(1);
+        let mut at = self.first_record(&source).await?.offset;
+        let mut pieces: Vec<Vec<NewRecord>> = Vec::new();
+        let mut piece_bytes = 0;
+        loop {
+            let chunk = self.read(&source, at, 1 << 20).await?;
+            for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
+                let size = data.len() + meta.ext.as_ref().map_or(0, |e| e.len());
+                match pieces.last_mut() {
+                    Some(p) if piece_bytes + size <= limit => p.push(NewRecord {
+                        data: data.clone(),
+                        ext: meta.ext.clone(),
+                    }),
+                    _ => {
+                        piece_bytes = 0;
+                        pieces.push(vec![NewRecord {
+                            data: data.clone(),
+                            ext: meta.ext.clone(),
+                        }]);
+                    }
+                }
+                piece_bytes += size;
+            }
+            if chunk.up_to_date || chunk.next == at {
+                at = chunk.next;
+                break;
+            }
+            at = chunk.next;
+        }
+        let mut seq = 0u64;
+        let mut published = 0;
+        for piece in pieces {
+            let n = piece.len() as u64;
+            let stamp = Producer {
+                id: id.clone(),
+                epoch,
+                seq: seq + n - 1,
+                first_seq: Some(seq),
+            };
+            for attempt in 0..2 {
+                let mut req = AppendRequest::new(to.clone(), None, bytes::Bytes::new());
+                req.records = Some(piece.clone());
+                req.producer = Some(stamp.clone());
+                match self.append(req).await {
+                    Ok(AppendOutcome::Appended { .. }) => {
+                        published += n;
+                        break;
+                    }
+                    Ok(AppendOutcome::Duplicate { .. }) => break,
+                    Err(EngineError::NotFound) if create && attempt == 0 => {
+                        let mut make = CreateRequest::new(to.clone());
+                        make.content_type =
+                            ContentType::new(&source.handle.config.content_type, 256)?;
+                        self.create(make).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            seq += n;
+        }
+        self.trim(from, at).await?;
+        Ok(published)
     }
 }
