@@ -133,7 +133,10 @@ pub(crate) struct Group {
     pub members: BTreeMap<String, Member>,
     rebalance_started: Instant,
     pub offsets: BTreeMap<(String, i32), Committed>,
-    offsets_loaded: bool,
+    /// Where reading the offsets stream got to: commits that arrive other than
+    /// through this group (a transaction's, published at its commit) are read
+    /// from here on the next use.
+    read_to: Option<picomq_engine::Offset>,
     commits_since_snapshot: u64,
     /// Its members of the KIP-848 protocol (a group uses one protocol or the other).
     pub consumer: crate::consumer_protocol::ConsumerState,
@@ -203,7 +206,7 @@ impl Coordinator {
             members: BTreeMap::new(),
             rebalance_started: Instant::now(),
             offsets: BTreeMap::new(),
-            offsets_loaded: false,
+            read_to: None,
             commits_since_snapshot: 0,
             consumer: Default::default(),
         }));
@@ -617,21 +620,33 @@ impl Group {
         code::NONE
     }
 
-    /// Reads the group's committed offsets back from its stream, once.
+    /// Reads the group's committed offsets from its stream: all of it the first
+    /// time, then what was appended since (a transaction's offsets, published at
+    /// its commit). Records read again are applied again, harmlessly.
     pub async fn load_offsets(&mut self, kafka: &Kafka) -> Result<(), EngineError> {
-        if self.offsets_loaded {
-            return Ok(());
-        }
         let name = offsets_stream(kafka, &self.key)?;
         let stream = match kafka.engine.stream(&name).await {
             Ok(s) => s,
             Err(EngineError::NotFound) => {
-                self.offsets_loaded = true;
+                self.offsets.clear();
+                self.read_to = None;
                 return Ok(());
             }
             Err(e) => return Err(e),
         };
-        let mut at = kafka.engine.first_record(&stream).await?.offset;
+        let tail = stream.handle.view().tail;
+        if self.read_to == Some(tail) {
+            return Ok(());
+        }
+        let start = kafka.engine.first_record(&stream).await?.offset;
+        let mut at = match self.read_to {
+            Some(r) if r >= start => r,
+            _ => {
+                // First read, or trimmed past by a snapshot: from the start.
+                self.offsets.clear();
+                start
+            }
+        };
         loop {
             let chunk = kafka.engine.read(&stream, at, 1 << 20).await?;
             for data in &chunk.segments {
@@ -639,12 +654,14 @@ impl Group {
                     self.apply(&v);
                 }
             }
-            if chunk.up_to_date || chunk.next == at {
+            let next = chunk.next;
+            if chunk.up_to_date || next == at {
+                at = next;
                 break;
             }
-            at = chunk.next;
+            at = next;
         }
-        self.offsets_loaded = true;
+        self.read_to = Some(at);
         Ok(())
     }
 
@@ -726,7 +743,7 @@ impl Group {
             Err(e) => return Err(e),
         }
         self.offsets.clear();
-        self.offsets_loaded = true;
+        self.read_to = None;
         Ok(())
     }
 }
