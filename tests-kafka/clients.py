@@ -497,10 +497,30 @@ def test_sasl_scopes(srv):
     # Refused: outside the scope, and a reader producing.
     for secret, t in [(writer, "elsewhere"), (reader, topic)]:
         p = Producer({**sasl(srv, secret), "acks": "all", "message.timeout.ms": 5000})
-        reports = produce_all(p, [(t, 0, None, b"no", None, None)])
-        err = reports[0][0]
+        try:
+            err = produce_all(p, [(t, 0, None, b"no", None, None)])[0][0]
+        except confluent_kafka.KafkaException as e:
+            # librdkafka refuses at once when its metadata already says so.
+            err = e.args[0]
         check(err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED,
               f"produce to {t} outside the scope: {err}")
+    # A transactional id is used with the append scope on its name: the writer may
+    # use orders/tx-1 (and commit into orders/x), the reader may not.
+    p = Producer({**sasl(srv, writer), "transactional.id": "orders/tx-1"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    produce_one(p, topic, value=b"v2")
+    p.commit_transaction(30)
+    for secret, tid in [(reader, "orders/tx-1"), (writer, "elsewhere-tx")]:
+        p = Producer({**sasl(srv, secret), "transactional.id": tid})
+        refused = None
+        try:
+            p.init_transactions(10)
+        except confluent_kafka.KafkaException as e:
+            refused = e.args[0]
+        check(refused is not None and refused.code() in (
+            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,),
+            f"transactional id {tid} outside the scope: {refused}")
     # A namespaced token sees its namespace as the root.
     p = Producer({**sasl(srv, tenant), "acks": "all"})
     produce_all(p, [("events", 0, None, b"tenant", None, None)])
@@ -518,8 +538,9 @@ def test_sasl_scopes(srv):
     reports = produce_all(p, [(topic, 0, None, b"x", None, None)], flush_timeout=20)
     check(reports[0][0] is not None, "an unauthenticated client produced")
     status, body, _ = srv.http("GET", f"/orders/x?offset=-1", token=BOOTSTRAP_SECRET)
-    check(body == b"v1", f"only the allowed record is there: {body!r}")
-    return "PLAIN and OAUTHBEARER; out-of-scope, read-only, wrong and missing credentials refused"
+    check(body == b"v1v2", f"only the allowed records are there: {body!r}")
+    return ("PLAIN and OAUTHBEARER; out-of-scope, read-only, wrong and missing credentials "
+            "refused; transactional ids scoped")
 
 
 def group_member(bootstrap, topic, group, out_path, pace_ms):
@@ -697,6 +718,266 @@ def test_consumer_protocol_group(srv):
     check(got == set(range(1500, 1700)),
           f"the later member got {len(got)}, {len([v for v in got if v < 1500])} already committed")
     return "2 members split 4 partitions; one left, the other took all; a later member resumed"
+
+
+def create_topic(srv, topic, partitions):
+    admin = AdminClient({"bootstrap.servers": srv.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(30)
+
+
+def next_seqs(srv, topic, partitions):
+    """Records in each partition's stream, as HTTP readers see them."""
+    out = []
+    for p in range(partitions):
+        name = topic if p == 0 else f"{topic}~{p}"
+        status, body, _ = srv.http("GET", f"/__picomq/streams/{name}/info")
+        check(status == 200, f"info {name}: {status} {body[:200]!r}")
+        out.append(json.loads(body)["next_seq"])
+    return out
+
+
+def test_transactions_commit_and_abort(srv):
+    """A transactional producer commits, aborts and commits again over three
+    partitions: read_committed and read_uncommitted consumers and HTTP readers see
+    the committed records only, and nothing of a transaction before its commit."""
+    topic = "txn-" + uuid.uuid4().hex[:8]
+    create_topic(srv, topic, 3)
+    p = Producer({"bootstrap.servers": srv.bootstrap, "transactional.id": "tx-" + topic,
+                  "linger.ms": 5})
+    p.init_transactions(30)
+
+    def batch(tag, n):
+        for i in range(n):
+            produce_one(p, topic, value=f"{tag}-{i}".encode(), key=str(i).encode(),
+                        partition=i % 3, headers=[("tag", tag.encode())])
+        check(p.flush(30) == 0, "undelivered")
+
+    p.begin_transaction()
+    batch("a", 90)
+    check(next_seqs(srv, topic, 3) == [0, 0, 0],
+          f"an open transaction's records are visible: {next_seqs(srv, topic, 3)}")
+    p.commit_transaction(30)
+    check(next_seqs(srv, topic, 3) == [30, 30, 30], f"after commit {next_seqs(srv, topic, 3)}")
+    p.begin_transaction()
+    batch("x", 60)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    batch("b", 30)
+    p.commit_transaction(30)
+    check(next_seqs(srv, topic, 3) == [40, 40, 40], f"after abort {next_seqs(srv, topic, 3)}")
+    for level in ("read_committed", "read_uncommitted"):
+        got = consume(srv.bootstrap, topic, [0, 1, 2], 120, extra={"isolation.level": level})
+        values = sorted(m.value().decode() for m in got)
+        want = sorted([f"a-{i}" for i in range(90)] + [f"b-{i}" for i in range(30)])
+        check(values == want, f"{level}: {len(values)} records, aborted ones: "
+              f"{[v for v in values if v.startswith('x')][:3]}")
+        check(all(m.headers() == [("tag", m.value()[:1])] for m in got), "headers lost")
+        # Per partition, offsets are dense and the transaction's order kept.
+        for part in range(3):
+            mine = [m for m in got if m.partition() == part]
+            check([m.offset() for m in mine] == list(range(40)), f"{level} offsets p{part}")
+    status, body, _ = srv.http("GET", f"/{topic}?offset=-1")
+    check(status == 200 and b"x-" not in body and body.count(b"a-") == 30,
+          f"HTTP read: {status} {body[:120]!r}")
+    p.flush(5)
+    return "commit 90, abort 60, commit 30 over 3 partitions: 120 seen, 0 aborted, 0 early"
+
+
+def test_transaction_fencing_and_timeout(srv):
+    """A second producer with the same transactional id fences the first (its
+    open transaction aborted); a transaction left open past its timeout is aborted
+    by the coordinator and its producer fenced."""
+    topic = "txf-" + uuid.uuid4().hex[:8]
+    create_topic(srv, topic, 1)
+    conf = {"bootstrap.servers": srv.bootstrap, "transactional.id": "tf-" + topic}
+    p1 = Producer(conf)
+    p1.init_transactions(30)
+    p1.begin_transaction()
+    produce_one(p1, topic, value=b"zombie")
+    check(p1.flush(30) == 0, "undelivered")
+    p2 = Producer(conf)
+    p2.init_transactions(30)
+    fenced = None
+    try:
+        p1.commit_transaction(30)
+    except confluent_kafka.KafkaException as e:
+        fenced = e.args[0]
+    check(fenced is not None and fenced.fatal(), f"the fenced producer committed: {fenced}")
+    p2.begin_transaction()
+    produce_one(p2, topic, value=b"live")
+    p2.commit_transaction(30)
+    got = consume(srv.bootstrap, topic, [0], 1, extra={"isolation.level": "read_committed"})
+    check(got[0].value() == b"live", f"got {got[0].value()!r}")
+    # Timeout: 2 s; the coordinator looks every second.
+    p3 = Producer({"bootstrap.servers": srv.bootstrap, "transactional.id": "tt-" + topic,
+                   "transaction.timeout.ms": 2000})
+    p3.init_transactions(30)
+    p3.begin_transaction()
+    produce_one(p3, topic, value=b"late")
+    check(p3.flush(30) == 0, "undelivered")
+    time.sleep(4)
+    failed = None
+    try:
+        p3.commit_transaction(30)
+    except confluent_kafka.KafkaException as e:
+        failed = e.args[0]
+    check(failed is not None, "a transaction past its timeout committed")
+    check(next_seqs(srv, topic, 1) == [1], f"after the timeout {next_seqs(srv, topic, 1)}")
+    return f"fenced: {fenced.name()}; timed out: {failed.name()}"
+
+
+def eos_worker(bootstrap, src, dst, group, tid, total, progress):
+    """Consume-transform-produce, exactly once: each batch's output and its input
+    offsets in one transaction. Survives the broker's death: a commit that fails is
+    retried or aborted (the consumer rewound to the committed offsets), a fenced
+    producer replaced."""
+    from confluent_kafka import KafkaException
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed", "session.timeout.ms": 10000})
+    c.subscribe([src])
+
+    def producer():
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
+                      "transaction.timeout.ms": 20000, "linger.ms": 5,
+                      "reconnect.backoff.max.ms": 200, "retry.backoff.ms": 50})
+        while True:
+            try:
+                p.init_transactions(30)
+                return p
+            except KafkaException as e:
+                if not e.args[0].retriable():
+                    raise
+                time.sleep(0.5)
+
+    def rewind():
+        parts = c.assignment()
+        if parts:
+            for tp in c.committed(parts, 30):
+                c.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+
+    p = producer()
+    deadline = time.time() + 240
+    while progress["done"] < total and time.time() < deadline:
+        msgs = [m for m in c.consume(200, 0.5) if not m.error()]
+        if not msgs:
+            continue
+        try:
+            p.begin_transaction()
+            for m in msgs:
+                produce_one(p, dst, value=b"out-" + m.value(), partition=m.partition())
+            p.send_offsets_to_transaction(c.position(c.assignment()),
+                                          c.consumer_group_metadata(), 30)
+            while True:
+                try:
+                    p.commit_transaction(30)
+                    break
+                except KafkaException as e:
+                    if e.args[0].retriable():
+                        continue
+                    raise
+            progress["done"] += len(msgs)
+        except KafkaException as e:
+            err = e.args[0]
+            progress["aborts"] += 1
+            if err.txn_requires_abort():
+                try:
+                    p.abort_transaction(30)
+                except KafkaException:
+                    p = producer()
+            else:
+                p = producer()
+            rewind()
+    c.close()
+
+
+def find_coordinator(bootstrap, key, key_type):
+    """(host, port) of the coordinator of a group (0) or transactional id (1):
+    FindCoordinator v1 by hand (the admin clients here ask only for groups)."""
+    import struct
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+
+    def string(v):
+        b = v.encode()
+        return struct.pack(">h", len(b)) + b
+    body = struct.pack(">hhi", 10, 1, 7) + string("tests") + string(key) + struct.pack(">b", key_type)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        resp = sock.recv(size, socket.MSG_WAITALL)
+    at = 4 + 4  # correlation id, throttle time
+    error = struct.unpack_from(">h", resp, at)[0]
+    at += 2
+    n = struct.unpack_from(">h", resp, at)[0]
+    at += 2 + max(n, 0)
+    at += 4  # node id
+    n = struct.unpack_from(">h", resp, at)[0]
+    found_host = resp[at + 2:at + 2 + n].decode()
+    found_port = struct.unpack_from(">i", resp, at + 2 + n)[0]
+    check(error == 0, f"FindCoordinator({key!r}, {key_type}): error {error}")
+    return found_host, found_port
+
+
+def test_exactly_once_through_kill9(srv):
+    """Consume-transform-produce with transactions while the server is killed with
+    SIGKILL and restarted (on a cluster: the node coordinating the transactions):
+    every input record's output is committed exactly once, and the group's
+    committed offsets end at the input's end."""
+    import threading
+    src, dst = "eos-in-" + uuid.uuid4().hex[:6], "eos-out-" + uuid.uuid4().hex[:6]
+    create_topic(srv, src, 3)
+    create_topic(srv, dst, 3)
+    total = 6000
+    p = Producer({"bootstrap.servers": srv.bootstrap, "enable.idempotence": True})
+    produce_all(p, [(src, i % 3, None, str(i).encode(), None, None) for i in range(total)])
+    progress = {"done": 0, "aborts": 0}
+    group = "eos-" + src
+    worker = threading.Thread(target=eos_worker, args=(
+        srv.bootstrap, src, dst, group, "eos-" + src, total, progress))
+    worker.start()
+    deadline = time.time() + 60
+    while progress["done"] < total // 3 and time.time() < deadline:
+        time.sleep(0.05)
+    done_at_kill = progress["done"]
+    if isinstance(srv, Cluster):
+        _, port = find_coordinator(srv.bootstrap, "eos-" + src, 1)
+        victim = srv.node_at(port)
+    else:
+        victim = srv
+    victim.kill9()
+    time.sleep(0.5)
+    if not isinstance(srv, Cluster):
+        victim.start()
+    worker.join(300)
+    if isinstance(srv, Cluster):
+        victim.start()
+        srv.settle()
+    check(not worker.is_alive(), "the worker did not finish")
+    check(0 < done_at_kill < total, f"{done_at_kill} processed at the kill")
+    got = consume(srv.bootstrap, dst, [0, 1, 2], total, timeout=60,
+                  extra={"isolation.level": "read_committed"})
+    values = sorted(int(m.value()[4:]) for m in got)
+    check(values == list(range(total)),
+          f"not exactly once: {len(values)} outputs, {len(set(values))} distinct")
+    check(sum(next_seqs(srv, dst, 3)) == total, f"extra outputs: {next_seqs(srv, dst, 3)}")
+    c = Consumer({"bootstrap.servers": srv.bootstrap, "group.id": group})
+    deadline = time.time() + 30
+    while True:
+        try:
+            committed = c.committed([TopicPartition(src, i) for i in range(3)], 30)
+            break
+        except confluent_kafka.KafkaException as e:
+            # A restarted node taking its slots back moves the group's coordinator.
+            if time.time() > deadline or e.args[0].code() not in (
+                    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS):
+                raise
+            time.sleep(0.5)
+    c.close()
+    check([tp.offset for tp in committed] == [total // 3] * 3,
+          f"committed {[tp.offset for tp in committed]}")
+    return (f"{total} records, SIGKILL after {done_at_kill} processed, "
+            f"{progress['aborts']} transactions aborted or retried; every output once")
 
 
 class Cluster:
@@ -910,14 +1191,16 @@ def main():
     plain = [test_librdkafka_codecs_keys_headers, test_kafka_and_http_are_one_stream,
              test_partitions_and_admin, test_kafka_python, test_kcat,
              test_consumer_group_members_come_and_go, test_consumer_protocol_group,
-             test_kafkajs]
+             test_kafkajs, test_transactions_commit_and_abort,
+             test_transaction_fencing_and_timeout]
     wanted = sys.argv[2:]
     failed = 0
     for name, tests, extra in [
         ("plain", plain, []),
         # Every store write takes 20 ms (as S3's do): batches are in flight when
         # the server is killed.
-        ("slow store", [test_idempotent_producer_through_kill9], ["--store-latency", "20ms"]),
+        ("slow store", [test_idempotent_producer_through_kill9, test_exactly_once_through_kill9],
+         ["--store-latency", "20ms"]),
         ("auth", [test_sasl_scopes], None),
         ("tls", [test_tls], "tls"),
         # The same clients on three nodes, each a broker; then a partition's leader
@@ -925,6 +1208,7 @@ def main():
         # with --auth required.
         ("cluster", [test_librdkafka_codecs_keys_headers, test_kafka_and_http_are_one_stream,
                      test_partitions_and_admin, test_kafka_python, test_kcat, test_kafkajs,
+                     test_transactions_commit_and_abort, test_exactly_once_through_kill9,
                      test_cluster_leader_killed, test_cluster_group_coordinator_killed,
                      test_sasl_scopes], "cluster"),
     ]:

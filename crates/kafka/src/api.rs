@@ -10,7 +10,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 use crate::conn::{Request, Session};
 use crate::errors::code;
-use crate::{admin, consumer_protocol, fetch, group_api, metadata, produce, Kafka};
+use crate::{admin, consumer_protocol, fetch, group_api, metadata, produce, txn, Kafka};
 
 /// What a request gets.
 pub(crate) enum Answer {
@@ -51,6 +51,10 @@ pub(crate) const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::SaslHandshake, 1, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
@@ -122,7 +126,11 @@ pub(crate) async fn handle_produce(
             ApiKey::ListOffsets => metadata::list_offsets(kafka, session, &request).await,
             ApiKey::Metadata => metadata::metadata(kafka, session, &request).await,
             ApiKey::DescribeCluster => metadata::describe_cluster(kafka, &request),
-            ApiKey::InitProducerId => produce::init_producer_id(kafka, session, &request),
+            ApiKey::InitProducerId => txn::init_producer_id(kafka, session, &request).await,
+            ApiKey::AddPartitionsToTxn => txn::add_partitions(kafka, session, &request).await,
+            ApiKey::AddOffsetsToTxn => txn::add_offsets(kafka, session, &request).await,
+            ApiKey::EndTxn => txn::end_txn(kafka, session, &request).await,
+            ApiKey::TxnOffsetCommit => txn::txn_offset_commit(kafka, session, &request).await,
             ApiKey::CreateTopics => admin::create_topics(kafka, session, &request).await,
             ApiKey::DeleteTopics => admin::delete_topics(kafka, session, &request).await,
             ApiKey::CreatePartitions => admin::create_partitions(kafka, session, &request).await,

@@ -75,10 +75,21 @@ pub(crate) fn find_coordinator(
                     }),
                 Err(c) => Err((c, "this token may not use that group".into())),
             },
-            // Transactional ids are not coordinated here yet.
-            _ => Err((
-                groups::COORDINATOR_NOT_AVAILABLE,
-                "transactions are not supported yet".into(),
+            // Transactional ids: the node serving the id's log.
+            1 => match crate::txn::txn_key(kafka, session, key) {
+                Ok(k) => kafka
+                    .leader_broker(&crate::txn::log_name(&k))
+                    .ok_or_else(|| {
+                        (
+                            groups::COORDINATOR_NOT_AVAILABLE,
+                            "the transaction's coordinator is moving between nodes; retry".into(),
+                        )
+                    }),
+                Err(c) => Err((c, "this token may not use that transactional id".into())),
+            },
+            other => Err((
+                code::INVALID_REQUEST,
+                format!("key type {other}: 0 (group) or 1 (transaction)"),
             )),
         }
     };

@@ -24,6 +24,7 @@ mod metadata;
 pub mod names;
 mod produce;
 mod topics;
+mod txn;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -120,6 +121,8 @@ pub struct Kafka {
     pub(crate) shutdown: ShutdownSignal,
     pub(crate) long_poll_max: Duration,
     pub(crate) groups: Arc<groups::Coordinator>,
+    /// The transactional ids this node coordinates.
+    pub(crate) txns: txn::Coordinator,
     /// How long a group's join phase waits for more members to arrive.
     pub(crate) join_delay: Duration,
     /// Topic ids handed out, and the partition-0 stream (absolute) of each: a
@@ -167,11 +170,13 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         long_poll_max: Duration::from_secs(30),
         groups: Arc::new(groups::Coordinator::default()),
+        txns: txn::Coordinator::default(),
         join_delay: config.group_join_delay,
         topic_ids: Default::default(),
         config,
     });
     tokio::spawn(groups::tick(kafka.clone(), shutdown.clone()));
+    tokio::spawn(txn::tick(kafka.clone(), shutdown.clone()));
     tracing::info!(kafka_listen = %bound, advertise = %format!("{}:{}", kafka.host, kafka.port), tls = tls.is_some(), "serving Kafka clients");
     loop {
         let accepted = tokio::select! {

@@ -1,4 +1,4 @@
-//! Produce and InitProducerId.
+//! Produce (InitProducerId is in `txn`).
 //!
 //! Each partition's batch becomes one append to its stream: the records keep
 //! their key, value, headers and timestamp (`RecordExt`), and the answer waits
@@ -10,12 +10,12 @@
 
 use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{
-    ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse,
-    ProducerId,
-};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
-use picomq_engine::{AppendOutcome, AppendRequest, NewRecord, Producer, RecordExt};
+use picomq_engine::{
+    AppendOutcome, AppendRequest, ContentType, CreateRequest, EngineError, NewRecord, Producer,
+    RecordExt, StreamName,
+};
 use picomq_http::auth::Op;
 use tokio::sync::oneshot;
 
@@ -42,6 +42,11 @@ pub(crate) async fn produce(
         }
     }
     let transactional = req.transactional_id.is_some();
+    let txn_allowed = req
+        .transactional_id
+        .as_ref()
+        .map(|id| crate::txn::txn_key(kafka, session, id));
+    let txn_allowed = &txn_allowed;
     let (signals, waits): (Vec<_>, Vec<_>) = work.iter().map(|_| oneshot::channel()).unzip();
     let all_sequenced = async move {
         for w in waits {
@@ -56,13 +61,22 @@ pub(crate) async fn produce(
                     code::INVALID_REQUIRED_ACKS,
                     format!("acks={acks}: use 0, 1 or all (-1)"),
                 ))
-            } else if transactional {
+            } else if let Some(Err(c)) = &txn_allowed {
                 Err((
-                    code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    "transactions are not supported yet (docs/kafka.md)".to_string(),
+                    *c,
+                    "this token may not use that transactional id".to_string(),
                 ))
             } else {
-                partition(kafka, session, topic, *p, records.clone(), signal).await
+                partition(
+                    kafka,
+                    session,
+                    topic,
+                    *p,
+                    records.clone(),
+                    transactional,
+                    signal,
+                )
+                .await
             };
             (*topic, *p, r)
         },
@@ -110,6 +124,7 @@ async fn partition(
     topic: &str,
     p: i32,
     records: Option<bytes::Bytes>,
+    transactional: bool,
     sequenced: oneshot::Sender<()>,
 ) -> Result<i64, topics::Refusal> {
     let name = topics::stream_name(kafka, session, topic, p, Op::Append)?;
@@ -123,10 +138,22 @@ async fn partition(
         BatchError::Invalid(m) => (code::INVALID_RECORD, m),
         BatchError::TooLarge(m) => (code::MESSAGE_TOO_LARGE, m),
     })?;
-    if batch.transactional || batch.control {
+    if batch.control {
         return Err((
             code::INVALID_RECORD,
-            "transactional and control batches are not supported yet".to_string(),
+            "control batches are written by the broker, not produced".to_string(),
+        ));
+    }
+    if batch.transactional != transactional {
+        return Err((
+            code::INVALID_RECORD,
+            "a transactional batch comes with a transactional id, and only then".to_string(),
+        ));
+    }
+    if transactional && (batch.producer_id < 0 || batch.producer_epoch < 0) {
+        return Err((
+            code::INVALID_RECORD,
+            "a transactional batch needs its producer id and epoch".to_string(),
         ));
     }
     if batch.records.is_empty() {
@@ -135,14 +162,15 @@ async fn partition(
     let count = batch.records.len() as u64;
     // A record's bytes are never empty (RecordExt): a null or empty value is
     // stored as a placeholder that the stream's readers can parse.
-    let json = kafka
+    let config = kafka
         .engine
         .stream(&name)
         .await
         .map_err(|e| errors::of(&e))?
         .handle
         .config
-        .json;
+        .clone();
+    let json = config.json;
     let placeholder = bytes::Bytes::from_static(if json { b"null" } else { b"\0" });
     let mut out = Vec::with_capacity(batch.records.len());
     for r in batch.records {
@@ -168,7 +196,15 @@ async fn partition(
             ext: Some(ext.encode()),
         });
     }
-    let mut append = AppendRequest::new(name, None, bytes::Bytes::new());
+    // A transaction's batch waits beside its stream for the outcome (txn.rs).
+    let target = if transactional {
+        let stage = crate::txn::stage_name(batch.producer_id, batch.producer_epoch, name.as_str());
+        StreamName::new(stage, kafka.engine.config().stream_name_bytes_max)
+            .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?
+    } else {
+        name
+    };
+    let mut append = AppendRequest::new(target.clone(), None, bytes::Bytes::new());
     append.records = Some(out);
     if batch.producer_id >= 0 {
         if batch.base_sequence < 0 || batch.producer_epoch < 0 {
@@ -190,35 +226,27 @@ async fn partition(
             first_seq: Some(first),
         });
     }
+    if transactional {
+        let outcome = match kafka.engine.append(append.clone()).await {
+            Err(EngineError::NotFound) => {
+                let mut create = CreateRequest::new(target);
+                create.content_type = ContentType::new(&config.content_type, 256)
+                    .map_err(|e| (code::INVALID_RECORD, e.to_string()))?;
+                match kafka.engine.create(create).await {
+                    Ok(_) | Err(EngineError::Conflict(_)) => {}
+                    Err(e) => return Err(errors::of(&e)),
+                }
+                kafka.engine.append(append).await
+            }
+            other => other,
+        };
+        drop(sequenced);
+        // Its offsets are given at the commit: none yet.
+        return outcome.map(|_| -1).map_err(|e| errors::of(&e));
+    }
     match kafka.engine.append_signalled(append, Some(sequenced)).await {
         Ok(AppendOutcome::Appended { seqs, .. }) => Ok(seqs.start as i64),
         Ok(AppendOutcome::Duplicate { .. }) => Ok(-1),
         Err(e) => Err(errors::of(&e)),
     }
-}
-
-/// An idempotent producer's id: random, so no state is needed to hand them out
-/// (two producers drawing the same of 2^62 ids is not a practical concern), and
-/// an epoch bump when the client asks with its current id and epoch.
-pub(crate) fn init_producer_id(
-    _kafka: &Kafka,
-    _session: &Session,
-    request: &Request,
-) -> Result<Answer, Answer> {
-    let req: InitProducerIdRequest = decode(request)?;
-    let mut resp = InitProducerIdResponse::default();
-    if req.transactional_id.is_some() {
-        resp.error_code = code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
-        resp.producer_id = ProducerId(-1);
-        resp.producer_epoch = -1;
-        return Ok(frame(ApiKey::InitProducerId, &request.header, &resp));
-    }
-    if req.producer_id.0 >= 0 && req.producer_epoch >= 0 && req.producer_epoch < i16::MAX - 1 {
-        resp.producer_id = req.producer_id;
-        resp.producer_epoch = req.producer_epoch + 1;
-    } else {
-        resp.producer_id = ProducerId(fastrand::i64(1..1 << 62));
-        resp.producer_epoch = 0;
-    }
-    Ok(frame(ApiKey::InitProducerId, &request.header, &resp))
 }

@@ -1134,6 +1134,17 @@ async fn the_members_admin_call_acts_only_where_the_stream_is_served() {
             here[1],
             "t".repeat(300)
         ),
+        // A publish only moves records from a companion of the stream (a Kafka
+        // transaction's staging stream), never from another stream.
+        format!(
+            r#"{{"op":"publish","stream":"{}","from":"{}","producer":"p","epoch":1,"create":false}}"#,
+            here[1], here[0]
+        ),
+        format!(
+            r#"{{"op":"publish","stream":"{}","from":"__kafka/stage/1.0/{}","producer":"","epoch":1,"create":false}}"#,
+            here[1], here[1]
+        ),
+        r#"{"op":"publish","stream":"x"}"#.to_string(),
     ] {
         let r = call(0, bad.clone()).await;
         let s = r.status.as_u16();

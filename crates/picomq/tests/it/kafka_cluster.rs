@@ -22,66 +22,18 @@ use kafka_protocol::messages::{
     DescribeClusterResponse, FetchRequest, FetchResponse, FindCoordinatorRequest,
     FindCoordinatorResponse, GroupId, JoinGroupRequest, JoinGroupResponse, ListOffsetsRequest,
     ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetFetchRequest,
-    OffsetFetchResponse, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+    OffsetFetchResponse, ProduceRequest, ProduceResponse, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use picomq_kafka::batch::{encode, OutRecord};
 use picomq_testkit as support;
 use support::cluster::TestCluster;
 use support::free_port;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::kafka_conn::Conn;
 
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const NOT_COORDINATOR: i16 = 16;
-
-/// One Kafka connection that sends a request and reads its answer.
-struct Conn {
-    s: TcpStream,
-    corr: i32,
-}
-
-impl Conn {
-    async fn connect(port: u16) -> Conn {
-        let s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        Conn { s, corr: 0 }
-    }
-
-    async fn call<Req: Encodable, Resp: Decodable>(
-        &mut self,
-        key: ApiKey,
-        version: i16,
-        req: &Req,
-    ) -> Resp {
-        self.corr += 1;
-        let header = RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.corr)
-            .with_client_id(Some(StrBytes::from_static_str("it")));
-        let mut buf = BytesMut::new();
-        header
-            .encode(&mut buf, key.request_header_version(version))
-            .unwrap();
-        req.encode(&mut buf, version).unwrap();
-        self.s
-            .write_all(&(buf.len() as i32).to_be_bytes())
-            .await
-            .unwrap();
-        self.s.write_all(&buf).await.unwrap();
-        let mut len = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(20), self.s.read_exact(&mut len))
-            .await
-            .unwrap_or_else(|_| panic!("{key:?}: no answer within 20 s"))
-            .unwrap();
-        let mut body = vec![0; i32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut body).await.unwrap();
-        let mut body = Bytes::from(body);
-        let head = ResponseHeader::decode(&mut body, key.response_header_version(version)).unwrap();
-        assert_eq!(head.correlation_id, self.corr, "{key:?}");
-        Resp::decode(&mut body, version).unwrap()
-    }
-}
 
 fn name(s: &str) -> TopicName {
     TopicName(StrBytes::from_string(s.to_string()))

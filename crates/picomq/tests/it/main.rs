@@ -29,6 +29,8 @@ mod graceful_shutdown;
 mod group_commit;
 mod kafka_bad_input;
 mod kafka_cluster;
+mod kafka_conn;
+mod kafka_transactions;
 mod native_api;
 mod read_offsets;
 mod restart_recovery;
