@@ -536,65 +536,81 @@ impl Service {
         };
         let limit = self.inner.config.append_bytes_max.max(1);
         let mut at = self.first_record(&source).await?.offset;
-        let mut pieces: Vec<Vec<NewRecord>> = Vec::new();
+        let mut piece: Vec<NewRecord> = Vec::new();
         let mut piece_bytes = 0;
+        let mut seq = 0u64;
+        let mut published = 0;
+        // Pieces are cut by record sizes alone, so a repeat cuts the same ones;
+        // each is appended once full, so memory holds one piece and one read.
         loop {
             let chunk = self.read(&source, at, 1 << 20).await?;
             for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
                 let size = data.len() + meta.ext.as_ref().map_or(0, |e| e.len());
-                match pieces.last_mut() {
-                    Some(p) if piece_bytes + size <= limit => p.push(NewRecord {
-                        data: data.clone(),
-                        ext: meta.ext.clone(),
-                    }),
-                    _ => {
-                        piece_bytes = 0;
-                        pieces.push(vec![NewRecord {
-                            data: data.clone(),
-                            ext: meta.ext.clone(),
-                        }]);
-                    }
+                if !piece.is_empty() && piece_bytes + size > limit {
+                    let full = std::mem::take(&mut piece);
+                    published += self
+                        .publish_piece(to, &source, &id, epoch, &mut seq, full, create)
+                        .await?;
+                    piece_bytes = 0;
                 }
+                piece.push(NewRecord {
+                    data: data.clone(),
+                    ext: meta.ext.clone(),
+                });
                 piece_bytes += size;
             }
-            if chunk.up_to_date || chunk.next == at {
-                at = chunk.next;
+            let next = chunk.next;
+            let done = chunk.up_to_date || next == at;
+            at = next;
+            if done {
                 break;
             }
-            at = chunk.next;
         }
-        let mut seq = 0u64;
-        let mut published = 0;
-        for piece in pieces {
-            let n = piece.len() as u64;
-            let stamp = Producer {
-                id: id.clone(),
-                epoch,
-                seq: seq + n - 1,
-                first_seq: Some(seq),
-            };
-            for attempt in 0..2 {
-                let mut req = AppendRequest::new(to.clone(), None, bytes::Bytes::new());
-                req.records = Some(piece.clone());
-                req.producer = Some(stamp.clone());
-                match self.append(req).await {
-                    Ok(AppendOutcome::Appended { .. }) => {
-                        published += n;
-                        break;
-                    }
-                    Ok(AppendOutcome::Duplicate { .. }) => break,
-                    Err(EngineError::NotFound) if create && attempt == 0 => {
-                        let mut make = CreateRequest::new(to.clone());
-                        make.content_type =
-                            ContentType::new(&source.handle.config.content_type, 256)?;
-                        self.create(make).await?;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            seq += n;
+        if !piece.is_empty() {
+            published += self
+                .publish_piece(to, &source, &id, epoch, &mut seq, piece, create)
+                .await?;
         }
         self.trim(from, at).await?;
         Ok(published)
+    }
+
+    /// One piece of a publish, stamped `seq..seq+len-1` at `epoch` (`seq` moves
+    /// past it): the records appended (0 for a duplicate).
+    #[allow(clippy::too_many_arguments)]
+    async fn publish_piece(
+        &self,
+        to: &StreamName,
+        source: &super::StreamRef,
+        id: &ProducerId,
+        epoch: u64,
+        seq: &mut u64,
+        piece: Vec<NewRecord>,
+        create: bool,
+    ) -> Result<u64> {
+        let n = piece.len() as u64;
+        let stamp = Producer {
+            id: id.clone(),
+            epoch,
+            seq: *seq + n - 1,
+            first_seq: Some(*seq),
+        };
+        *seq += n;
+        for attempt in 0..2 {
+            let mut req = AppendRequest::new(to.clone(), None, bytes::Bytes::new());
+            req.records = Some(piece.clone());
+            req.producer = Some(stamp.clone());
+            match self.append(req).await {
+                Ok(AppendOutcome::Appended { .. }) => return Ok(n),
+                Ok(AppendOutcome::Duplicate { .. }) => return Ok(0),
+                Err(EngineError::NotFound) if create && attempt == 0 => {
+                    let mut make = CreateRequest::new(to.clone());
+                    make.content_type = ContentType::new(&source.handle.config.content_type, 256)?;
+                    self.create(make).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EngineError::NotFound)
     }
 }
