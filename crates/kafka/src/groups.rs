@@ -24,12 +24,12 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use picomq_engine::{AppendRequest, ContentType, CreateRequest, EngineError, StreamName};
+use picomq_engine::{EngineError, StreamName};
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, Mutex};
 
 use crate::errors::code;
-use crate::Kafka;
+use crate::{json_log, Kafka};
 
 /// Commits between two snapshots of a group's offsets.
 const SNAPSHOT_EVERY: u64 = 256;
@@ -639,7 +639,7 @@ impl Group {
             return Ok(());
         }
         let start = kafka.engine.first_record(&stream).await?.offset;
-        let mut at = match self.read_to {
+        let at = match self.read_to {
             Some(r) if r >= start => r,
             _ => {
                 // First read, or trimmed past by a snapshot: from the start.
@@ -647,20 +647,7 @@ impl Group {
                 start
             }
         };
-        loop {
-            let chunk = kafka.engine.read(&stream, at, 1 << 20).await?;
-            for data in &chunk.segments {
-                if let Ok(v) = serde_json::from_slice::<Value>(data) {
-                    self.apply(&v);
-                }
-            }
-            let next = chunk.next;
-            if chunk.up_to_date || next == at {
-                at = next;
-                break;
-            }
-            at = next;
-        }
+        let at = json_log::read(kafka, &stream, at, |v| self.apply(v)).await?;
         self.read_to = Some(at);
         Ok(())
     }
@@ -710,7 +697,7 @@ impl Group {
             .map(|(t, p, c)| json!([t, p, c.offset, c.epoch, c.metadata]))
             .collect();
         let body = json!({ "commit": rows });
-        append_json(kafka, &name, body).await?;
+        json_log::append(kafka, &name, body).await?;
         for (t, p, c) in entries {
             self.offsets.insert((t, p), c);
         }
@@ -729,7 +716,7 @@ impl Group {
             .map(|((t, p), c)| json!([t, p, c.offset, c.epoch, c.metadata]))
             .collect();
         let tail = kafka.engine.stream(name).await?.handle.view().tail;
-        append_json(kafka, name, json!({ "snapshot": rows })).await?;
+        json_log::append(kafka, name, json!({ "snapshot": rows })).await?;
         kafka.engine.trim(name, tail).await?;
         self.commits_since_snapshot = 0;
         Ok(())
@@ -763,27 +750,6 @@ impl Member {
             sync: None,
         }
     }
-}
-
-/// Appends one JSON record to `name`, creating the stream if it is new.
-async fn append_json(kafka: &Kafka, name: &StreamName, body: Value) -> Result<(), EngineError> {
-    let bytes = Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"));
-    let json = ContentType::new("application/json", 256).ok().flatten();
-    for _ in 0..2 {
-        let req = AppendRequest::new(name.clone(), json.clone(), bytes.clone());
-        match kafka.engine.append(req).await {
-            Ok(_) => return Ok(()),
-            Err(EngineError::NotFound) => {
-                let mut create = CreateRequest::new(name.clone());
-                create.content_type = json.clone();
-                kafka.engine.create(create).await?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(EngineError::Unavailable(
-        "the group's offsets stream could not be created".into(),
-    ))
 }
 
 /// Unused offsets of a group answer -1.

@@ -20,6 +20,7 @@ mod errors;
 mod fetch;
 mod group_api;
 mod groups;
+mod json_log;
 mod metadata;
 pub mod names;
 mod produce;

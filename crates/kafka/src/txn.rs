@@ -25,7 +25,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
 };
@@ -38,7 +37,7 @@ use kafka_protocol::messages::{
     InitProducerIdResponse, ProducerId, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
 };
 use picomq_engine::cluster::StreamAdmin;
-use picomq_engine::{AppendRequest, ContentType, CreateRequest, EngineError, StreamName};
+use picomq_engine::{EngineError, StreamName};
 use picomq_http::auth::Op;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
@@ -47,7 +46,7 @@ use crate::api::{decode, frame, Answer};
 use crate::conn::{Request, Session};
 use crate::errors::{self, code};
 use crate::groups::{self, Committed};
-use crate::{group_api, topics, Kafka};
+use crate::{group_api, json_log, topics, Kafka};
 
 pub(crate) const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
 pub(crate) const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
@@ -289,19 +288,8 @@ impl Txn {
         let name = self.log(kafka)?;
         match kafka.engine.stream(&name).await {
             Ok(stream) => {
-                let mut at = kafka.engine.first_record(&stream).await?.offset;
-                loop {
-                    let chunk = kafka.engine.read(&stream, at, 1 << 20).await?;
-                    for data in &chunk.segments {
-                        if let Ok(v) = serde_json::from_slice::<Value>(data) {
-                            self.apply(&v);
-                        }
-                    }
-                    if chunk.up_to_date || chunk.next == at {
-                        break;
-                    }
-                    at = chunk.next;
-                }
+                let at = kafka.engine.first_record(&stream).await?.offset;
+                json_log::read(kafka, &stream, at, |v| self.apply(v)).await?;
             }
             Err(EngineError::NotFound) => {}
             Err(e) => return Err(e),
@@ -364,7 +352,7 @@ impl Txn {
             Err(EngineError::NotFound) => None,
             Err(e) => return Err(e),
         };
-        append_json(kafka, &name, self.state_record()).await?;
+        json_log::append(kafka, &name, self.state_record()).await?;
         if let Some(tail) = tail {
             kafka.engine.trim(&name, tail).await?;
         }
@@ -378,7 +366,7 @@ impl Txn {
         };
         if o.decided.is_none() {
             let no = o.no;
-            append_json(
+            json_log::append(
                 kafka,
                 &self.log(kafka)?,
                 json!({ "end": { "no": no, "commit": commit } }),
@@ -510,7 +498,7 @@ impl Txn {
             )));
         }
         let no = o.no;
-        append_json(
+        json_log::append(
             kafka,
             &self.log(kafka)?,
             json!({ "add": { "no": no, "streams": fresh_streams, "groups": fresh_groups } }),
@@ -539,31 +527,6 @@ fn strings(v: Option<&Value>) -> BTreeSet<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Appends one JSON record to `name`, creating the stream if it is new.
-pub(crate) async fn append_json(
-    kafka: &Kafka,
-    name: &StreamName,
-    body: Value,
-) -> Result<(), EngineError> {
-    let bytes = Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"));
-    let json = ContentType::new("application/json", 256).ok().flatten();
-    for _ in 0..2 {
-        let req = AppendRequest::new(name.clone(), json.clone(), bytes.clone());
-        match kafka.engine.append(req).await {
-            Ok(_) => return Ok(()),
-            Err(EngineError::NotFound) => {
-                let mut create = CreateRequest::new(name.clone());
-                create.content_type = json.clone();
-                kafka.engine.create(create).await?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(EngineError::Unavailable(format!(
-        "{name} could not be created"
-    )))
 }
 
 /// The code a coordinator's failure gives: the log moved away, or retry.
@@ -819,7 +782,7 @@ pub(crate) async fn txn_offset_commit(
         );
         let stage = StreamName::new(stage, kafka.engine.config().stream_name_bytes_max)
             .map_err(|_| code::INVALID_REQUEST)?;
-        append_json(kafka, &stage, json!({ "commit": rows }))
+        json_log::append(kafka, &stage, json!({ "commit": rows }))
             .await
             .map_err(|e| errors::of_group(&e))
     }
