@@ -162,15 +162,12 @@ async fn partition(
     let count = batch.records.len() as u64;
     // A record's bytes are never empty (RecordExt): a null or empty value is
     // stored as a placeholder that the stream's readers can parse.
-    let config = kafka
+    let stream = kafka
         .engine
         .stream(&name)
         .await
-        .map_err(|e| errors::of(&e))?
-        .handle
-        .config
-        .clone();
-    let json = config.json;
+        .map_err(|e| errors::of(&e))?;
+    let json = stream.handle.config.json;
     let placeholder = bytes::Bytes::from_static(if json { b"null" } else { b"\0" });
     let mut out = Vec::with_capacity(batch.records.len());
     for r in batch.records {
@@ -230,7 +227,7 @@ async fn partition(
         let outcome = match kafka.engine.append(append.clone()).await {
             Err(EngineError::NotFound) => {
                 let mut create = CreateRequest::new(target);
-                create.content_type = ContentType::new(&config.content_type, 256)
+                create.content_type = ContentType::new(&stream.handle.config.content_type, 256)
                     .map_err(|e| (code::INVALID_RECORD, e.to_string()))?;
                 match kafka.engine.create(create).await {
                     Ok(_) | Err(EngineError::Conflict(_)) => {}

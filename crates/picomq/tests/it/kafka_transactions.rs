@@ -388,6 +388,8 @@ async fn commit_cut_at(point: &str) {
         end(&mut c, "tc-id", pid, epoch, false).await,
         PRODUCER_FENCED
     );
+    // Past the next sweep of the logs (every 5 s): what it reads again must not
+    // be published again. An absence has nothing to wait for but time.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(records_in(&client, "tc").await, 51, "{point}");
     assert_eq!(records_in(&client, "tc~1").await, 50, "{point}");
