@@ -17,6 +17,7 @@ Usage: clients.py PICOMQ_BINARY [TEST ...]   (each group of tests starts its own
 """
 
 import base64
+import faulthandler
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.error
@@ -692,6 +694,16 @@ def test_consumer_protocol_group(srv):
 
     produce(0, 1000)
     members = {1: Consumer(conf), 2: Consumer(conf)}
+    late = {}
+    try:
+        return consumer_protocol_rounds(topic, produce, drain, conf, members, late)
+    finally:
+        for c in [*members.values(), *late.values()]:
+            c.close()
+
+
+def consumer_protocol_rounds(topic, produce, drain, conf, members, late):
+    """test_consumer_protocol_group's steps; it closes what is left open."""
     for c in members.values():
         c.subscribe([topic])
     seen = {1: set(), 2: set()}
@@ -708,13 +720,13 @@ def test_consumer_protocol_group(srv):
     check(len(members[1].assignment()) == 4, "the remaining member owns every partition")
     members.pop(1).close()
     produce(1500, 1700)
-    late = {3: Consumer(conf)}
+    late[3] = Consumer(conf)
     late[3].subscribe([topic])
     seen = {3: set()}
     got = drain(late, seen, 200)
     time.sleep(1)
     got = drain(late, seen, 10**9, timeout=1)
-    late[3].close()
+    late.pop(3).close()
     check(got == set(range(1500, 1700)),
           f"the later member got {len(got)}, {len([v for v in got if v < 1500])} already committed")
     return "2 members split 4 partitions; one left, the other took all; a later member resumed"
@@ -1206,6 +1218,22 @@ def auth_args():
     return ["--auth", "required", "--bootstrap-token-file", secret_file]
 
 
+# No test takes this long when it passes: past it, the test is stuck.
+TEST_LIMIT_S = 420
+
+
+def hung(name, srv):
+    """A test outlived TEST_LIMIT_S: print where every thread is, stop the
+    servers and fail now rather than at the job's timeout."""
+    print(f"FAIL {name}: still running after {TEST_LIMIT_S}s; the threads:", flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    try:
+        print("server log:\n" + srv.tail(), flush=True)
+        srv.stop()
+    finally:
+        os._exit(1)
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[2] == "--group-member":
         group_member(*sys.argv[3:7], int(sys.argv[7]))
@@ -1264,6 +1292,9 @@ def main():
                 if t is test_sasl_scopes and isinstance(srv, Cluster):
                     srv.restart_with(*auth_args(), admin=BOOTSTRAP_SECRET)
                 t0 = time.time()
+                watchdog = threading.Timer(TEST_LIMIT_S, hung, (t.__name__, srv))
+                watchdog.daemon = True
+                watchdog.start()
                 try:
                     what = t(srv)
                     print(f"PASS {label}{t.__name__} ({time.time() - t0:.1f}s): {what}")
@@ -1272,6 +1303,8 @@ def main():
                     print(f"FAIL {label}{t.__name__} ({time.time() - t0:.1f}s)")
                     traceback.print_exc()
                     print("server log:\n" + srv.tail())
+                finally:
+                    watchdog.cancel()
         finally:
             srv.stop()
     print(f"kafka clients: {'FAILED ' + str(failed) if failed else 'all passed'}")

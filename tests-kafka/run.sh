@@ -16,4 +16,4 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
   confluent-kafka==2.16.1 kafka-python==3.0.12 python-snappy==0.7.3 lz4==4.4.5 zstandard==0.25.0
 # kafkajs from the npm registry, pinned by package-lock.json.
 (cd "$HERE/kafkajs" && npm ci --no-audit --no-fund --loglevel=error >&2)
-python3 "$HERE/clients.py" "$BIN"
+python3 -u "$HERE/clients.py" "$BIN"

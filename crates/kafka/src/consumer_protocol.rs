@@ -41,6 +41,9 @@ pub(crate) struct ConsumerMember {
     pub subscribed: Vec<String>,
     /// What it was last told to own.
     pub assigned: BTreeSet<Part>,
+    /// The member epoch at which each assigned partition became its: a commit
+    /// for the partition may carry any epoch from there to the current one.
+    pub assigned_at: BTreeMap<Part, i32>,
     /// What it last reported owning.
     pub owned: BTreeSet<Part>,
     /// Its assignment changed since it was last sent to it.
@@ -122,6 +125,13 @@ impl ConsumerState {
         if own && m.assigned.is_subset(&desired) && m.owned.is_subset(&desired) {
             m.epoch = self.group_epoch;
         }
+        let epoch = m.epoch;
+        let before = std::mem::take(&mut m.assigned_at);
+        m.assigned_at = m
+            .assigned
+            .iter()
+            .map(|p| (p.clone(), before.get(p).copied().unwrap_or(epoch)))
+            .collect();
         changed
     }
 
@@ -140,14 +150,30 @@ impl ConsumerState {
         }
     }
 
-    /// Checks an offset commit's member and epoch.
-    pub fn may_commit(&self, member: &str, epoch: i32) -> Option<i16> {
+    /// Checks an offset commit's member and epoch. A commit sent while the
+    /// heartbeat answer that moved the member's epoch is on its way carries the
+    /// old one; as KIP-1251 (assignment epochs), an older epoch is taken when the
+    /// member has held every committed partition since that epoch: no other
+    /// member can have owned them in between.
+    pub fn may_commit<'a>(
+        &self,
+        member: &str,
+        epoch: i32,
+        mut parts: impl Iterator<Item = (&'a str, i32)>,
+    ) -> Option<i16> {
         let m = self.members.get(member)?;
-        Some(if epoch == m.epoch {
-            code::NONE
-        } else {
-            STALE_MEMBER_EPOCH
-        })
+        let held = |(t, p): (&str, i32)| {
+            m.assigned_at
+                .get(&(t.to_string(), p))
+                .is_some_and(|&since| since <= epoch)
+        };
+        Some(
+            if epoch == m.epoch || (0 <= epoch && epoch < m.epoch && parts.all(held)) {
+                code::NONE
+            } else {
+                STALE_MEMBER_EPOCH
+            },
+        )
     }
 }
 
@@ -298,6 +324,7 @@ fn member_heartbeat(
                 epoch: 0,
                 subscribed: Vec::new(),
                 assigned: BTreeSet::new(),
+                assigned_at: BTreeMap::new(),
                 owned: BTreeSet::new(),
                 unsent: true,
                 last_seen: now,
@@ -311,6 +338,7 @@ fn member_heartbeat(
             });
         // A rejoin starts over.
         m.assigned.clear();
+        m.assigned_at.clear();
         m.owned.clear();
         m.unsent = true;
         refreshed = true;
@@ -381,4 +409,71 @@ fn member_heartbeat(
         )
     });
     Ok((member_id, m.epoch, assignment))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(topic: &str) -> ConsumerMember {
+        ConsumerMember {
+            epoch: 0,
+            subscribed: vec![topic.to_string()],
+            assigned: BTreeSet::new(),
+            assigned_at: BTreeMap::new(),
+            owned: BTreeSet::new(),
+            unsent: true,
+            last_seen: Instant::now(),
+            client_id: String::new(),
+            client_host: String::new(),
+        }
+    }
+
+    /// Heartbeats from `id` reporting that it owns what it was assigned.
+    fn heartbeat(cg: &mut ConsumerState, id: &str) {
+        let m = cg.members.get_mut(id).unwrap();
+        m.owned = m.assigned.clone();
+        let ids: Vec<String> = cg.members.keys().cloned().collect();
+        cg.reconcile(id, true);
+        for other in ids.iter().filter(|o| o.as_str() != id) {
+            cg.reconcile(other, false);
+        }
+    }
+
+    #[test]
+    fn commits_may_carry_an_epoch_since_which_the_member_held_the_partitions() {
+        let mut cg = ConsumerState::default();
+        cg.topics.insert("t".into(), (Uuid::nil(), 4));
+        cg.members.insert("a".into(), member("t"));
+        cg.members.insert("b".into(), member("t"));
+        cg.bump();
+        for _ in 0..3 {
+            heartbeat(&mut cg, "a");
+            heartbeat(&mut cg, "b");
+        }
+        let old = cg.members["a"].epoch;
+        assert_eq!(old, cg.group_epoch);
+        let held: Vec<i32> = cg.members["a"].assigned.iter().map(|p| p.1).collect();
+        assert_eq!(held, [0, 2]);
+        // b leaves; a's next heartbeat takes every partition at a new epoch.
+        cg.members.remove("b");
+        cg.bump();
+        heartbeat(&mut cg, "a");
+        heartbeat(&mut cg, "a");
+        let new = cg.members["a"].epoch;
+        assert!(new > old);
+        assert_eq!(cg.members["a"].assigned.len(), 4);
+        let check =
+            |epoch, parts: &[i32]| cg.may_commit("a", epoch, parts.iter().map(|p| ("t", *p)));
+        assert_eq!(check(new, &[0, 1, 2, 3]), Some(code::NONE));
+        // A commit sent before the answer with the new epoch arrived.
+        assert_eq!(check(old, &[0, 2]), Some(code::NONE));
+        // Not for partitions that came with the new epoch, nor from the future.
+        assert_eq!(check(old, &[0, 1]), Some(STALE_MEMBER_EPOCH));
+        assert_eq!(check(new + 1, &[0]), Some(STALE_MEMBER_EPOCH));
+        assert_eq!(check(-1, &[0]), Some(STALE_MEMBER_EPOCH));
+        // A partition the member no longer holds.
+        assert_eq!(check(old, &[7]), Some(STALE_MEMBER_EPOCH));
+        assert_eq!(cg.may_commit("nobody", new, std::iter::empty()), None);
+    }
 }

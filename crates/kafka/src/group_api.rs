@@ -358,7 +358,15 @@ pub(crate) async fn offset_commit(
         }
     };
     let mut g = group.lock().await;
-    let c = g.may_commit(&req.member_id, req.generation_id_or_member_epoch);
+    let c = g.may_commit(
+        &req.member_id,
+        req.generation_id_or_member_epoch,
+        req.topics.iter().flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| (t.name.as_str(), p.partition_index))
+        }),
+    );
     if c != code::NONE {
         drop(g);
         answer_all(&mut resp, c);

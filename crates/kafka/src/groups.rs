@@ -594,8 +594,13 @@ impl Group {
 
     /// Checks a commit's member and generation (`-1`: a commit from outside the
     /// group's membership, as a consumer that assigns itself makes).
-    pub fn may_commit(&self, member: &str, generation: i32) -> i16 {
-        if let Some(c) = self.consumer.may_commit(member, generation) {
+    pub fn may_commit<'a>(
+        &self,
+        member: &str,
+        generation: i32,
+        parts: impl Iterator<Item = (&'a str, i32)>,
+    ) -> i16 {
+        if let Some(c) = self.consumer.may_commit(member, generation, parts) {
             return c;
         }
         if generation < 0 && member.is_empty() {

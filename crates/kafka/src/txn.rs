@@ -767,7 +767,15 @@ pub(crate) async fn txn_offset_commit(
         let key = group_api::group_key(kafka, session, &req.group_id)?;
         let group = kafka.groups.group(kafka, &key)?;
         let g = group.lock().await;
-        let c = g.may_commit(&req.member_id, req.generation_id);
+        let c = g.may_commit(
+            &req.member_id,
+            req.generation_id,
+            req.topics.iter().flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(move |p| (t.name.as_str(), p.partition_index))
+            }),
+        );
         if c != code::NONE {
             return Err(c);
         }
