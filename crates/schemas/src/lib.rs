@@ -5,3 +5,4 @@
 
 pub mod avro;
 pub mod compat;
+pub mod json;
