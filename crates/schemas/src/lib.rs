@@ -6,3 +6,4 @@
 pub mod avro;
 pub mod compat;
 pub mod json;
+pub mod wire;
