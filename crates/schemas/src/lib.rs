@@ -6,4 +6,5 @@
 pub mod avro;
 pub mod compat;
 pub mod json;
+pub mod validate;
 pub mod wire;
