@@ -6,5 +6,6 @@
 pub mod avro;
 pub mod compat;
 pub mod json;
+pub mod protobuf;
 pub mod validate;
 pub mod wire;
