@@ -6,6 +6,7 @@
 pub mod avro;
 pub mod compat;
 pub mod json;
+pub mod parsed;
 pub mod protobuf;
 pub mod validate;
 pub mod wire;
