@@ -119,6 +119,26 @@ fn full_name(name: &str, namespace: &str) -> String {
     }
 }
 
+/// A type's name as messages give it: the primitive's, the container's, or the
+/// named type's full name.
+fn type_name(named: &[Named], n: &Node) -> String {
+    match n {
+        Node::Null => "null",
+        Node::Boolean => "boolean",
+        Node::Int => "int",
+        Node::Long => "long",
+        Node::Float => "float",
+        Node::Double => "double",
+        Node::Bytes => "bytes",
+        Node::String => "string",
+        Node::Array(_) => "array",
+        Node::Map(_) => "map",
+        Node::Union(_) => "union",
+        Node::Named(i) => return named[*i].full_name.clone(),
+    }
+    .to_string()
+}
+
 fn simple_name(full: &str) -> &str {
     full.rsplit('.').next().unwrap_or(full)
 }
@@ -135,12 +155,10 @@ impl Parser {
                 let mut kinds = HashSet::new();
                 for b in branches {
                     let n = self.node(b, namespace, depth + 1)?;
-                    let kind = match &n {
-                        Node::Union(_) => return Err("a union directly inside a union".into()),
-                        Node::Named(i) => self.named[*i].full_name.clone(),
-                        other => format!("{other:?}").to_lowercase(),
-                    };
-                    let kind = kind.split('(').next().unwrap_or_default().to_string();
+                    if matches!(n, Node::Union(_)) {
+                        return Err("a union directly inside a union".into());
+                    }
+                    let kind = type_name(&self.named, &n);
                     if !kinds.insert(kind.clone()) {
                         return Err(format!("the union holds {kind} twice"));
                     }
@@ -350,16 +368,6 @@ impl Checker<'_> {
         self.problems.push(format!("{path}: {why}"));
     }
 
-    fn describe(schema: &Schema, n: &Node) -> String {
-        match n {
-            Node::Named(i) => schema.named[*i].full_name.clone(),
-            Node::Array(_) => "array".into(),
-            Node::Map(_) => "map".into(),
-            Node::Union(_) => "union".into(),
-            other => format!("{other:?}").to_lowercase(),
-        }
-    }
-
     fn check(&mut self, r: &Node, w: &Node, path: &str) {
         // A writer's union: every branch it may write must be readable.
         if let Node::Union(ws) = w {
@@ -380,7 +388,7 @@ impl Checker<'_> {
                 probe.problems.is_empty()
             });
             if !fits {
-                let w = Self::describe(self.writer, w);
+                let w = type_name(&self.writer.named, w);
                 self.fail(path, format!("no branch of the reader's union reads {w}"));
             }
             return;
@@ -403,8 +411,8 @@ impl Checker<'_> {
             (Named(ri), Named(wi)) => self.named(*ri, *wi, path),
             _ => {
                 let (rd, wd) = (
-                    Self::describe(self.reader, r),
-                    Self::describe(self.writer, w),
+                    type_name(&self.reader.named, r),
+                    type_name(&self.writer.named, w),
                 );
                 self.fail(path, format!("a reader's {rd} cannot read a writer's {wd}"));
             }
@@ -729,6 +737,16 @@ mod tests {
     }
 
     #[test]
+    fn a_union_may_hold_several_named_types() {
+        let u = s(
+            r#"[{"type":"record","name":"A","fields":[]},{"type":"record","name":"B","fields":[]},"null"]"#,
+        );
+        assert_eq!(u.named.len(), 2);
+        let err = Schema::parse(r#"[{"type":"record","name":"A","fields":[]},"A"]"#).unwrap_err();
+        assert!(err.contains("A twice"), "{err}");
+    }
+
+    #[test]
     fn recursive_types_parse_and_check() {
         let list = r#"{"type":"record","name":"Node","fields":[{"name":"v","type":"int"},{"name":"next","type":["null","Node"]}]}"#;
         let a = s(list);
@@ -763,6 +781,10 @@ mod tests {
             (r#"{"type":"fixed","name":"F","size":-1}"#, "size"),
             (r#"["int","int"]"#, "twice"),
             (r#"["null",["int"]]"#, "inside a union"),
+            (
+                r#"[{"type":"array","items":"int"},{"type":"array","items":"long"}]"#,
+                "array twice",
+            ),
             (r#"{"type":"record","name":"int","fields":[]}"#, "primitive"),
             (
                 r#"{"type":"record","name":"9x","fields":[]}"#,
