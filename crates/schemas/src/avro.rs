@@ -70,11 +70,23 @@ const DATUM_DEPTH_MAX: usize = 256;
 impl Schema {
     /// Parses a schema's JSON text.
     pub fn parse(text: &str) -> Result<Schema, String> {
-        let json: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        Schema::parse_with(text, &[])
+    }
+
+    /// Parses a schema that may name types defined by `imports` (the schemas
+    /// it references, each parsed first, dependencies before dependents).
+    pub fn parse_with(text: &str, imports: &[&str]) -> Result<Schema, String> {
         let mut p = Parser {
             named: Vec::new(),
             by_name: HashMap::new(),
         };
+        for (i, import) in imports.iter().enumerate() {
+            let json: Value = serde_json::from_str(import)
+                .map_err(|e| format!("reference {i} is not JSON: {e}"))?;
+            p.node(&json, "", 0)
+                .map_err(|e| format!("reference {i}: {e}"))?;
+        }
+        let json: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         let root = p.node(&json, "", 0)?;
         Ok(Schema {
             root,
@@ -734,6 +746,18 @@ mod tests {
         for (what, old, new, want) in cases {
             assert_eq!(directions(&old, &new), want, "{what}");
         }
+    }
+
+    #[test]
+    fn references_define_types_the_schema_names() {
+        let address = r#"{"type":"record","name":"Address","namespace":"com.x","fields":[{"name":"city","type":"string"}]}"#;
+        let person = r#"{"type":"record","name":"Person","namespace":"com.x","fields":[{"name":"home","type":"Address"}]}"#;
+        assert!(Schema::parse(person).unwrap_err().contains("unknown type"));
+        let p = Schema::parse_with(person, &[address]).unwrap();
+        // home.city = "ab"
+        assert_eq!(check_datum(&p, &[4, b'a', b'b']), Ok(()));
+        let err = Schema::parse_with(person, &["{"]).unwrap_err();
+        assert!(err.contains("reference 0"), "{err}");
     }
 
     #[test]

@@ -57,8 +57,9 @@ impl Parsed {
     }
 }
 
-/// Parses `text` as a schema of type `t` (`imports`: Protobuf files it may import,
-/// by name); returns it with its canonical text.
+/// Parses `text` as a schema of type `t` with the schemas it references
+/// (`imports`, by name: the Protobuf files it imports, the Avro schemas defining
+/// types it names, dependencies first); returns it with its canonical text.
 pub fn parse(
     t: SchemaType,
     text: &str,
@@ -66,7 +67,8 @@ pub fn parse(
 ) -> Result<(Parsed, String), String> {
     match t {
         SchemaType::Avro => {
-            let schema = avro::Schema::parse(text)?;
+            let named: Vec<&str> = imports.iter().map(|(_, t)| t.as_str()).collect();
+            let schema = avro::Schema::parse_with(text, &named)?;
             let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
             let mut out = String::new();
             canonical_json(&collapse_primitives(value), &mut out);
