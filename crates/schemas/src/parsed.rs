@@ -57,6 +57,53 @@ impl Parsed {
     }
 }
 
+/// A schema ready to check payloads: what the append paths keep per schema id.
+pub struct Compiled {
+    pub parsed: Parsed,
+    json: Option<crate::validate::JsonValidator>,
+}
+
+impl Compiled {
+    pub fn new(parsed: Parsed) -> Result<Compiled, String> {
+        let json = match &parsed {
+            Parsed::Json(v) => Some(crate::validate::JsonValidator::compile(v)?),
+            _ => None,
+        };
+        Ok(Compiled { parsed, json })
+    }
+
+    /// Checks a JSON document (a JSON Schema only).
+    pub fn check_document(&self, doc: &Value) -> Result<(), crate::validate::Violation> {
+        match &self.json {
+            Some(v) => v.check(doc),
+            None => Err(crate::validate::Violation {
+                path: String::new(),
+                rule: "schemaType".into(),
+                message: format!(
+                    "the schema is {}, not a JSON Schema",
+                    self.parsed.schema_type().as_str()
+                ),
+            }),
+        }
+    }
+
+    /// Checks the datum of a framed payload (after the schema id and, for
+    /// Protobuf, the message path): Avro's binary encoding, a Protobuf message,
+    /// or UTF-8 JSON text.
+    pub fn check_datum(&self, message_path: &[usize], datum: &[u8]) -> Result<(), String> {
+        match &self.parsed {
+            Parsed::Avro(s) => avro::check_datum(s, datum),
+            Parsed::Protobuf(p) => p.check_datum(message_path, datum),
+            Parsed::Json(_) => {
+                let doc: Value =
+                    serde_json::from_slice(datum).map_err(|e| format!("not JSON: {e}"))?;
+                self.check_document(&doc)
+                    .map_err(|v| format!("at {:?}, {}: {}", v.path, v.rule, v.message))
+            }
+        }
+    }
+}
+
 /// Parses `text` as a schema of type `t` with the schemas it references
 /// (`imports`, by name: the Protobuf files it imports, the Avro schemas defining
 /// types it names, dependencies first); returns it with its canonical text.
@@ -245,6 +292,38 @@ mod tests {
         assert_eq!(canon(SchemaType::Protobuf, &b64), from_text);
         let spaced = text.replace("int32 a = 1;", "int32   a=1 ;");
         assert_eq!(canon(SchemaType::Protobuf, &spaced), from_text);
+    }
+
+    #[test]
+    fn compiled_schemas_check_payloads_of_their_format() {
+        let compiled = |t, text: &str| Compiled::new(parse(t, text, &[]).unwrap().0).unwrap();
+        let avro = compiled(
+            SchemaType::Avro,
+            r#"{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}"#,
+        );
+        assert_eq!(avro.check_datum(&[], &[4]), Ok(()));
+        assert!(avro.check_datum(&[], &[4, 4]).is_err());
+        assert!(
+            avro.check_document(&serde_json::json!({}))
+                .unwrap_err()
+                .rule
+                == "schemaType"
+        );
+        let json = compiled(SchemaType::Json, r#"{"type":"object","required":["n"]}"#);
+        assert_eq!(json.check_datum(&[], br#"{"n":1}"#), Ok(()));
+        let err = json.check_datum(&[], br#"{"m":1}"#).unwrap_err();
+        assert!(err.contains("required"), "{err}");
+        assert!(json
+            .check_datum(&[], b"{")
+            .unwrap_err()
+            .contains("not JSON"));
+        let proto = compiled(
+            SchemaType::Protobuf,
+            "syntax = \"proto3\";\nmessage M { int64 n = 1; }",
+        );
+        assert_eq!(proto.check_datum(&[0], &[0x08, 0x02]), Ok(()));
+        assert!(proto.check_datum(&[0], &[0x0a, 0x02]).is_err());
+        assert!(proto.check_datum(&[1], &[]).is_err());
     }
 
     #[test]
