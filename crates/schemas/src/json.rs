@@ -221,11 +221,11 @@ impl<'a> Checker<'a> {
                 }
                 // A union the reader dropped: each branch must fit the rest of it.
                 (None, Some(wb)) => {
+                    let mut rest = ro.clone();
+                    rest.remove("anyOf");
+                    rest.remove("oneOf");
+                    let rest = Value::Object(rest);
                     for (i, wbranch) in wb.iter().enumerate() {
-                        let mut rest = ro.clone();
-                        rest.remove("anyOf");
-                        rest.remove("oneOf");
-                        let rest = Value::Object(rest);
                         if !self.reads(&rest, wbranch) {
                             self.fail(
                                 &format!("{path}/{k}/{i}"),

@@ -32,23 +32,26 @@ impl FileResolver for InMemory {
             .0
             .get(name)
             .ok_or_else(|| protox::Error::file_not_found(name))?;
-        source_file(name, text).map_err(|_| protox::Error::file_not_found(name))
+        // An import that is neither says why as text: that is how it was meant.
+        File::from_source(name, text).or_else(|text_error| descriptor(text).ok_or(text_error))
     }
+}
+
+/// A base64 `FileDescriptorProto`, if `text` is one.
+fn descriptor(text: &str) -> Option<File> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .ok()?;
+    File::decode_file_descriptor_proto(bytes.as_slice()).ok()
 }
 
 /// A file from its text, or else from a base64 `FileDescriptorProto`.
 fn source_file(name: &str, text: &str) -> Result<File, String> {
-    match File::from_source(name, text) {
-        Ok(f) => Ok(f),
-        Err(text_error) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(text.trim())
-                .map_err(|_| format!("not a .proto file: {text_error}"))?;
-            File::decode_file_descriptor_proto(bytes.as_slice()).map_err(|e| {
-                format!("not a .proto file ({text_error}) nor a FileDescriptorProto ({e})")
-            })
-        }
-    }
+    File::from_source(name, text).or_else(|text_error| {
+        descriptor(text).ok_or_else(|| {
+            format!("not a .proto file ({text_error}) nor a base64 FileDescriptorProto")
+        })
+    })
 }
 
 impl ProtoSchema {
@@ -366,8 +369,14 @@ mod tests {
                 "syntax = \"proto3\";\nmessage M { Unknown u = 1; }",
                 "invalid Protobuf schema",
             ),
+            // An import that does not parse says where, not that it is missing.
+            (
+                "syntax = \"proto3\";\nimport \"bad.proto\";",
+                "expected an identifier",
+            ),
         ] {
-            let err = ProtoSchema::parse(text, &[]).unwrap_err();
+            let imports = [("bad.proto".to_string(), "message {".to_string())];
+            let err = ProtoSchema::parse(text, &imports).unwrap_err();
             assert!(err.contains(says), "{text}: {err}");
         }
     }
