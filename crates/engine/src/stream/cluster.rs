@@ -596,9 +596,13 @@ impl Service {
             first_seq: Some(*seq),
         };
         *seq += n;
+        let mut piece = Some(piece);
         for attempt in 0..2 {
+            // A copy only where a second attempt may follow (the stream created).
+            let retry = create && attempt == 0;
+            let records = if retry { piece.clone() } else { piece.take() };
             let mut req = AppendRequest::new(to.clone(), None, bytes::Bytes::new());
-            req.records = Some(piece.clone());
+            req.records = records;
             req.producer = Some(stamp.clone());
             match self.append(req).await {
                 Ok(AppendOutcome::Appended { .. }) => return Ok(n),
