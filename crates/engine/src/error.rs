@@ -56,6 +56,9 @@ pub enum EngineError {
     /// it may no longer write or index anything.
     #[error("this node's log was taken over by another member of the cluster; retry")]
     Fenced,
+    /// An append refused by the schema its stream is bound to: nothing stored.
+    #[error("{0}")]
+    SchemaViolation(Box<crate::schemas::SchemaViolation>),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -66,6 +66,8 @@ const SQLITE_TABLES: &[&str] = &[
     "engine_state",
     "tokens",
     "server_keys",
+    "registry",
+    "registry_state",
     "identity",
     "schema_version",
 ];
@@ -78,6 +80,7 @@ const TARGET_TABLES: &[&str] = &[
     "producers",
     "tokens",
     "server_keys",
+    "registry",
     "members",
     "engine_state",
 ];
@@ -117,6 +120,8 @@ pub struct Counts {
     pub producers: u64,
     pub tokens: u64,
     pub server_keys: u64,
+    /// Schema registry rows (schemas, versions, settings, bindings).
+    pub registry_rows: u64,
 }
 
 /// `n` and `word`, with an `s` unless `n` is 1.
@@ -131,7 +136,7 @@ impl std::fmt::Display for Counts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({} closed, {}, {} with a TTL or Expires-At, {} soft-deleted kept for their forks), {}, {}, {}, {}",
+            "{} ({} closed, {}, {} with a TTL or Expires-At, {} soft-deleted kept for their forks), {}, {}, {}, {}, {}",
             count_of(self.streams, "stream"),
             self.closed,
             count_of(self.forks, "fork"),
@@ -140,7 +145,8 @@ impl std::fmt::Display for Counts {
             count_of(self.index_rows, "index row"),
             count_of(self.producers, "producer"),
             count_of(self.tokens, "token"),
-            count_of(self.server_keys, "server key")
+            count_of(self.server_keys, "server key"),
+            count_of(self.registry_rows, "registry row")
         )
     }
 }
@@ -423,6 +429,7 @@ async fn counts(pool: &SqlitePool) -> Result<Counts> {
         producers: count(pool, "SELECT COUNT(*) FROM producers").await?,
         tokens: count(pool, "SELECT COUNT(*) FROM tokens").await?,
         server_keys: count(pool, "SELECT COUNT(*) FROM server_keys").await?,
+        registry_rows: count(pool, "SELECT COUNT(*) FROM registry").await?,
     })
 }
 
@@ -571,6 +578,7 @@ async fn copy(
         producers: pg_count(&mut tx, "SELECT COUNT(*) FROM producers").await?,
         tokens: pg_count(&mut tx, "SELECT COUNT(*) FROM tokens").await?,
         server_keys: pg_count(&mut tx, "SELECT COUNT(*) FROM server_keys").await?,
+        registry_rows: pg_count(&mut tx, "SELECT COUNT(*) FROM registry").await?,
     };
     let expected = counts(sqlite).await?;
     if copied != expected {
@@ -775,6 +783,40 @@ async fn copy_tokens(sqlite: &SqlitePool, tx: &mut PgConnection) -> Result<()> {
             .bind(k.get::<Vec<u8>, _>(1))
             .execute(&mut *tx)
             .await?;
+    }
+    copy_registry(sqlite, tx).await
+}
+
+/// Every schema registry row; the cluster's id sequence continues past the
+/// largest schema id, so no id is drawn twice.
+async fn copy_registry(sqlite: &SqlitePool, tx: &mut PgConnection) -> Result<()> {
+    let rows = sqlx::query("SELECT tbl, key, value FROM registry ORDER BY tbl, key")
+        .fetch_all(sqlite)
+        .await?;
+    let mut max_id = 0i64;
+    for r in &rows {
+        let (table, key): (String, String) = (r.get(0), r.get(1));
+        if table == "schema" {
+            max_id = max_id.max(key.parse().unwrap_or(0));
+        }
+        sqlx::query("INSERT INTO registry (tbl, key, value) VALUES ($1, $2, $3)")
+            .bind(table)
+            .bind(key)
+            .bind(r.get::<String, _>(2))
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query("INSERT INTO registry_state (one, generation) VALUES (1, $1) ON CONFLICT (one) DO UPDATE SET generation = registry_state.generation + $1")
+        .bind(rows.len() as i64 + 1)
+        .execute(&mut *tx)
+        .await?;
+    if max_id > 0 {
+        sqlx::query(
+            "SELECT setval('registry_ids', GREATEST($1, (SELECT last_value FROM registry_ids)))",
+        )
+        .bind(max_id)
+        .execute(&mut *tx)
+        .await?;
     }
     Ok(())
 }

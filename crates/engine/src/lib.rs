@@ -31,6 +31,7 @@ pub mod node;
 pub mod offset;
 pub mod read;
 pub mod recovery;
+pub mod schemas;
 pub mod shutdown;
 pub mod store;
 pub mod stream;

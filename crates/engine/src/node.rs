@@ -273,6 +273,7 @@ impl Engine {
             cold,
             system,
             cluster: cluster.clone().map(ClusterSide::new),
+            append_check: std::sync::OnceLock::new(),
         });
         let node = Arc::new(Node {
             store,

@@ -157,6 +157,21 @@ pub trait MetaStore: Send + Sync + 'static {
     async fn tokens(&self) -> Result<Vec<TokenRecord>>;
     async fn server_key(&self, name: &str) -> Result<Option<Vec<u8>>>;
 
+    // ---- schema registry ----------------------------------------------------------
+
+    /// Every registry row, as (table, key, value), ordered by table and key.
+    async fn registry_rows(&self) -> Result<Vec<(String, String, String)>>;
+    /// How many registry changes were applied: a copy loaded at another count is
+    /// stale.
+    async fn registry_generation(&self) -> Result<u64>;
+    /// Takes the lock registry writes hold, across every node sharing this store;
+    /// held until the guard is dropped. An embedded store has one writer, its
+    /// node, which holds its own lock: the guard is empty.
+    async fn registry_lock(&self) -> Result<Box<dyn std::any::Any + Send>>;
+    /// A schema id nobody drew before, at least `at_least` (the largest known id
+    /// plus one). Under the registry lock.
+    async fn registry_draw_id(&self, at_least: u64) -> Result<u64>;
+
     // ---- identity ---------------------------------------------------------------
 
     /// This database's id and the cluster and store it is bound to (see `identity`).

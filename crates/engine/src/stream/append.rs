@@ -144,6 +144,18 @@ impl Service {
             } else {
                 Ok(vec![NewRecord::plain(req.body.clone())])
             };
+            let parsed = parsed.and_then(|records| {
+                if req.schema_checked {
+                    return Ok(records);
+                }
+                let stream = crate::schemas::StreamRef {
+                    id: handle.config.id,
+                    name: &handle.config.name,
+                    json: handle.config.json,
+                };
+                self.check_records(&stream, req.schema_topic.as_deref(), &records)?;
+                Ok(records)
+            });
             let records = parsed.as_ref().map_or(0, Vec::len) as u64;
             let (wait_op, outcome) = {
                 let mut st = handle.lock();

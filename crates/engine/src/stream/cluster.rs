@@ -604,6 +604,8 @@ impl Service {
             let mut req = AppendRequest::new(to.clone(), None, bytes::Bytes::new());
             req.records = records;
             req.producer = Some(stamp.clone());
+            // Checked against the stream's schema when they were produced.
+            req.schema_checked = true;
             match self.append(req).await {
                 Ok(AppendOutcome::Appended { .. }) => return Ok(n),
                 Ok(AppendOutcome::Duplicate { .. }) => return Ok(0),

@@ -510,7 +510,9 @@ impl DurableListener for StreamHandle {
                 | Op::Relocate(_)
                 | Op::PutToken(_)
                 | Op::RevokeTokens { .. }
-                | Op::PutServerKey { .. } => {}
+                | Op::PutServerKey { .. }
+                | Op::RegistryPut { .. }
+                | Op::RegistryDelete { .. } => {}
                 Op::Append(a) => {
                     let mut pos = a.start;
                     for (i, record) in a.records.iter().enumerate() {

@@ -42,8 +42,8 @@ pub(crate) use cluster::ClusterSide;
 pub use counters::ServiceCounters;
 pub use json::json_records;
 pub use seek::{Located, Seek};
-pub use service::Service;
 pub(crate) use service::Shared;
+pub use service::{Service, WeakService};
 
 #[derive(Clone, Debug)]
 pub struct ForkRequest {
@@ -124,6 +124,12 @@ pub struct AppendRequest {
     pub records: Option<Vec<NewRecord>>,
     /// Append only if the stream's next sequence number is this.
     pub match_seq: Option<u64>,
+    /// The Kafka topic the append is written as: its subjects (`TOPIC-value`,
+    /// `TOPIC-key`) check it when the stream is bound to none.
+    pub schema_topic: Option<String>,
+    /// Already checked against the stream's schema (a Kafka transaction's records,
+    /// checked when produced): the commit must not fail on a binding changed since.
+    pub schema_checked: bool,
 }
 
 /// One record of the native record API: its bytes and its encoded `RecordExt`.
@@ -152,6 +158,8 @@ impl AppendRequest {
             producer: None,
             records: None,
             match_seq: None,
+            schema_topic: None,
+            schema_checked: false,
         }
     }
 }

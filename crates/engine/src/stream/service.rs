@@ -40,6 +40,9 @@ pub(crate) struct Shared {
     pub(crate) system: Arc<SystemLog>,
     /// The node's membership of a cluster, if it is in one.
     pub(crate) cluster: Option<super::cluster::ClusterSide>,
+    /// What every append is checked against before it is sequenced (the schema
+    /// registry's bindings), once the edge installs it.
+    pub(crate) append_check: std::sync::OnceLock<Arc<dyn crate::schemas::AppendCheck>>,
 }
 
 /// The stream service of one node: create, append, read, lifecycle, and the
@@ -49,7 +52,24 @@ pub struct Service {
     pub(crate) inner: Arc<Shared>,
 }
 
+/// A [`Service`] that does not keep it alive: for what the service itself holds
+/// (the append check), which would otherwise keep the node's WAL, store and
+/// metadata open after it stopped.
+#[derive(Clone)]
+pub struct WeakService(std::sync::Weak<Shared>);
+
+impl WeakService {
+    /// The service, while it runs.
+    pub fn upgrade(&self) -> Option<Service> {
+        self.0.upgrade().map(|inner| Service { inner })
+    }
+}
+
 impl Service {
+    pub fn downgrade(&self) -> WeakService {
+        WeakService(Arc::downgrade(&self.inner))
+    }
+
     pub(crate) fn new(shared: Shared) -> Service {
         Service {
             inner: Arc::new(shared),

@@ -34,6 +34,8 @@ const TAG_REVOKE_TOKENS: u8 = 8;
 const TAG_PUT_SERVER_KEY: u8 = 9;
 /// `Relocate` with the span's first sequence number (tag 6 is read as starting at 0).
 const TAG_RELOCATE_SEQ: u8 = 10;
+const TAG_REGISTRY_PUT: u8 = 11;
+const TAG_REGISTRY_DELETE: u8 = 12;
 /// Append flag: the op carries its first record's sequence number (appends logged
 /// before sequence numbers existed number from 0).
 const APPEND_HAS_SEQ: u8 = 8;
@@ -265,6 +267,20 @@ pub enum Op {
         name: String,
         key: Bytes,
     },
+    /// A schema registry row (`docs/schemas.md`): `table` names its kind, `value`
+    /// is its JSON. With `replace` false an existing row is left alone (ids and
+    /// versions are written once; a late replay must not overwrite them).
+    RegistryPut {
+        table: String,
+        key: String,
+        value: String,
+        replace: bool,
+    },
+    /// A schema registry row removed (a hard delete, a config or binding cleared).
+    RegistryDelete {
+        table: String,
+        key: String,
+    },
 }
 
 /// One access token as stored: never the secret, only its SHA-256. What a token
@@ -451,6 +467,23 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             put_str(out, name);
             put_bytes(out, key);
         }
+        Op::RegistryPut {
+            table,
+            key,
+            value,
+            replace,
+        } => {
+            out.put_u8(TAG_REGISTRY_PUT);
+            put_str(out, table);
+            put_str(out, key);
+            put_str(out, value);
+            out.put_u8(*replace as u8);
+        }
+        Op::RegistryDelete { table, key } => {
+            out.put_u8(TAG_REGISTRY_DELETE);
+            put_str(out, table);
+            put_str(out, key);
+        }
     }
 }
 
@@ -487,6 +520,10 @@ pub fn encoded_len(op: &Op) -> usize {
         }
         Op::RevokeTokens { ids, .. } => 13 + ids.iter().map(|i| i.len() + 4).sum::<usize>(),
         Op::PutServerKey { name, key } => 9 + name.len() + key.len(),
+        Op::RegistryPut {
+            table, key, value, ..
+        } => 14 + table.len() + key.len() + value.len(),
+        Op::RegistryDelete { table, key } => 9 + table.len() + key.len(),
     }
 }
 
@@ -757,6 +794,20 @@ impl Reader {
                 name: self.string()?,
                 key: self.bytes()?,
             }),
+            TAG_REGISTRY_PUT => Ok(Op::RegistryPut {
+                table: self.string()?,
+                key: self.string()?,
+                value: self.string()?,
+                replace: match self.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(FormatError("bad registry flag")),
+                },
+            }),
+            TAG_REGISTRY_DELETE => Ok(Op::RegistryDelete {
+                table: self.string()?,
+                key: self.string()?,
+            }),
             _ => Err(FormatError("unknown op tag")),
         }
     }
@@ -843,6 +894,16 @@ mod tests {
             Op::PutServerKey {
                 name: "read-token-hmac".into(),
                 key: Bytes::from_static(&[3; 32]),
+            },
+            Op::RegistryPut {
+                table: "schema".into(),
+                key: "1".into(),
+                value: "{}".into(),
+                replace: false,
+            },
+            Op::RegistryDelete {
+                table: "binding".into(),
+                key: "a/b".into(),
             },
             Op::Relocate(RelocateOp {
                 stream_id: 9,

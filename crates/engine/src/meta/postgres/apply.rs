@@ -188,6 +188,13 @@ async fn apply_op<'a>(
         Op::PutToken(t) => tokens::put(tx, t).await?,
         Op::RevokeTokens { ids, at_ms } => tokens::revoke(tx, ids, *at_ms).await?,
         Op::PutServerKey { name, key } => tokens::put_server_key(tx, name, key).await?,
+        Op::RegistryPut {
+            table,
+            key,
+            value,
+            replace,
+        } => tokens::registry_put(tx, table, key, value, *replace).await?,
+        Op::RegistryDelete { table, key } => tokens::registry_delete(tx, table, key).await?,
     }
     Ok(())
 }

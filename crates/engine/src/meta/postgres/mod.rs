@@ -70,6 +70,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../../migrations/postgres/0005_kafka_brokers.sql"),
     ),
+    (
+        6,
+        include_str!("../../../migrations/postgres/0006_registry.sql"),
+    ),
 ];
 
 /// The schema version this binary writes: the last migration.
@@ -497,6 +501,22 @@ impl MetaStore for PostgresMeta {
 
     async fn server_key(&self, name: &str) -> Result<Option<Vec<u8>>> {
         tokens::server_key(&self.pool, name).await
+    }
+
+    async fn registry_rows(&self) -> Result<Vec<(String, String, String)>> {
+        tokens::registry_rows(&self.pool).await
+    }
+
+    async fn registry_generation(&self) -> Result<u64> {
+        tokens::registry_generation(&self.pool).await
+    }
+
+    async fn registry_lock(&self) -> Result<Box<dyn std::any::Any + Send>> {
+        Ok(Box::new(tokens::registry_lock(&self.pool).await?))
+    }
+
+    async fn registry_draw_id(&self, at_least: u64) -> Result<u64> {
+        tokens::registry_draw_id(&self.pool, at_least).await
     }
 
     async fn identity(&self) -> Result<MetaIdentity> {

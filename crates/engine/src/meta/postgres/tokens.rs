@@ -1,4 +1,4 @@
-//! Access tokens and server keys in Postgres. Rows only, written by `apply` from the
+//! Access tokens, server keys and schema registry rows in Postgres. Rows only, written by `apply` from the
 //! WAL's system chunk: what a token means (scopes, namespaces, hashing) is the HTTP
 //! edge's `auth` module. Also the namespace count, a prefix range of the name index.
 
@@ -100,4 +100,86 @@ pub(super) async fn count_streams_with_prefix(
     };
     let n: i64 = query.fetch_one(pool).await?.get(0);
     Ok(n as u64)
+}
+
+/// A schema registry row: written, or with `replace` false left alone if it exists.
+/// Every change counts one more in `registry_state`.
+pub(super) async fn registry_put(
+    tx: &mut PgConnection,
+    table: &str,
+    key: &str,
+    value: &str,
+    replace: bool,
+) -> Result<()> {
+    let sql = if replace {
+        "INSERT INTO registry (tbl, key, value) VALUES ($1, $2, $3) ON CONFLICT (tbl, key) DO UPDATE SET value = excluded.value"
+    } else {
+        "INSERT INTO registry (tbl, key, value) VALUES ($1, $2, $3) ON CONFLICT (tbl, key) DO NOTHING"
+    };
+    sqlx::query(sql)
+        .bind(table)
+        .bind(key)
+        .bind(value)
+        .execute(&mut *tx)
+        .await?;
+    registry_changed(tx).await
+}
+
+pub(super) async fn registry_delete(tx: &mut PgConnection, table: &str, key: &str) -> Result<()> {
+    sqlx::query("DELETE FROM registry WHERE tbl = $1 AND key = $2")
+        .bind(table)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+    registry_changed(tx).await
+}
+
+async fn registry_changed(tx: &mut PgConnection) -> Result<()> {
+    sqlx::query("INSERT INTO registry_state (one, generation) VALUES (1, 1) ON CONFLICT (one) DO UPDATE SET generation = registry_state.generation + 1")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Every registry row, as (table, key, value).
+pub(super) async fn registry_rows(pool: &PgPool) -> Result<Vec<(String, String, String)>> {
+    let rows = sqlx::query("SELECT tbl, key, value FROM registry ORDER BY tbl, key")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+pub(super) async fn registry_generation(pool: &PgPool) -> Result<u64> {
+    let row = sqlx::query("SELECT COALESCE((SELECT generation FROM registry_state), 0)::bigint")
+        .fetch_one(pool)
+        .await?;
+    Ok(row.get::<i64, _>(0) as u64)
+}
+
+/// Key of the advisory lock a registry write holds ("picomq" and a 3).
+const REGISTRY_LOCK: i64 = 0x7069_636f_6d71_0003;
+
+/// Takes the cluster-wide registry lock: held until the returned transaction
+/// ends (it is dropped, which rolls it back).
+pub(super) async fn registry_lock(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(REGISTRY_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// A schema id no member drew before, at least `at_least`.
+pub(super) async fn registry_draw_id(pool: &PgPool, at_least: u64) -> Result<u64> {
+    let row = sqlx::query("SELECT setval('registry_ids', GREATEST(nextval('registry_ids'), $1))")
+        .bind(at_least as i64)
+        .fetch_one(pool)
+        .await?;
+    Ok(row.get::<i64, _>(0) as u64)
 }

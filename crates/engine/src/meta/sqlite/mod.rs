@@ -69,6 +69,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         7,
         include_str!("../../../migrations/sqlite/0007_identity.sql"),
     ),
+    (
+        8,
+        include_str!("../../../migrations/sqlite/0008_registry.sql"),
+    ),
 ];
 /// [`Meta::retention_candidates`]: `?1` now (ms), `?2` the name to start after, `?3`
 /// how many. MATERIALIZED: `kept` is computed once per stream, not per row it bounds.
@@ -515,6 +519,24 @@ impl MetaStore for SqliteMeta {
 
     async fn server_key(&self, name: &str) -> Result<Option<Vec<u8>>> {
         tokens::server_key(&self.pool, name).await
+    }
+
+    async fn registry_rows(&self) -> Result<Vec<(String, String, String)>> {
+        tokens::registry_rows(&self.pool).await
+    }
+
+    async fn registry_generation(&self) -> Result<u64> {
+        tokens::registry_generation(&self.pool).await
+    }
+
+    async fn registry_lock(&self) -> Result<Box<dyn std::any::Any + Send>> {
+        Ok(Box::new(()))
+    }
+
+    /// One node writes this store, and it replays its log before it serves: the
+    /// largest id applied plus one was never drawn.
+    async fn registry_draw_id(&self, at_least: u64) -> Result<u64> {
+        Ok(at_least)
     }
 
     async fn count_streams_with_prefix(&self, prefix: &str, limit: u64) -> Result<u64> {

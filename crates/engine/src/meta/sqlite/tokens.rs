@@ -1,4 +1,4 @@
-//! Access tokens and server keys in SQLite. Rows only, written by `apply` from the
+//! Access tokens, server keys and schema registry rows in SQLite. Rows only, written by `apply` from the
 //! WAL's system chunk: what a token means (scopes, namespaces, hashing) is the HTTP
 //! edge's `auth` module.
 
@@ -97,4 +97,65 @@ pub(super) async fn count_streams_with_prefix(
         .await?
         .get(0);
     Ok(n as u64)
+}
+
+/// A schema registry row: written, or with `replace` false left alone if it exists.
+/// Every change counts one more in `registry_state`.
+pub(super) async fn registry_put(
+    tx: &mut SqliteConnection,
+    table: &str,
+    key: &str,
+    value: &str,
+    replace: bool,
+) -> Result<()> {
+    let sql = if replace {
+        "INSERT INTO registry (tbl, key, value) VALUES (?, ?, ?) ON CONFLICT(tbl, key) DO UPDATE SET value = excluded.value"
+    } else {
+        "INSERT OR IGNORE INTO registry (tbl, key, value) VALUES (?, ?, ?)"
+    };
+    sqlx::query(sql)
+        .bind(table)
+        .bind(key)
+        .bind(value)
+        .execute(&mut *tx)
+        .await?;
+    registry_changed(tx).await
+}
+
+pub(super) async fn registry_delete(
+    tx: &mut SqliteConnection,
+    table: &str,
+    key: &str,
+) -> Result<()> {
+    sqlx::query("DELETE FROM registry WHERE tbl = ? AND key = ?")
+        .bind(table)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+    registry_changed(tx).await
+}
+
+async fn registry_changed(tx: &mut SqliteConnection) -> Result<()> {
+    sqlx::query("INSERT INTO registry_state (one, generation) VALUES (1, 1) ON CONFLICT(one) DO UPDATE SET generation = generation + 1")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Every registry row, as (table, key, value).
+pub(super) async fn registry_rows(pool: &SqlitePool) -> Result<Vec<(String, String, String)>> {
+    let rows = sqlx::query("SELECT tbl, key, value FROM registry ORDER BY tbl, key")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+pub(super) async fn registry_generation(pool: &SqlitePool) -> Result<u64> {
+    let row = sqlx::query("SELECT COALESCE((SELECT generation FROM registry_state), 0)")
+        .fetch_one(pool)
+        .await?;
+    Ok(row.get::<i64, _>(0) as u64)
 }
