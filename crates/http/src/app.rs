@@ -78,6 +78,8 @@ pub struct AppState {
     pub consumers: Arc<picomq_consumers::Consumers>,
     pub public_url: Option<String>,
     pub tls: bool,
+    /// The schema registry (`/__picomq/schemas/`, stream bindings).
+    pub registry: Arc<picomq_registry::Registry>,
 }
 
 impl AppState {

@@ -125,6 +125,14 @@ impl From<EngineError> for ApiError {
                 .with_header(crate::members::NOT_OWNER, 1),
             E::Fenced => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "fenced", message)
                 .with_header(header::RETRY_AFTER, 1),
+            E::SchemaViolation(v) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "schema_violation", message)
+                    .with_json_field("subject", serde_json::json!(v.subject))
+                    .with_json_field("version", serde_json::json!(v.version))
+                    .with_json_field("index", serde_json::json!(v.index))
+                    .with_json_field("path", serde_json::json!(v.path))
+                    .with_json_field("rule", serde_json::json!(v.rule))
+            }
             E::Internal(_) => {
                 tracing::error!(error = %message, "internal error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)

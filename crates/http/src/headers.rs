@@ -19,6 +19,11 @@ pub const STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expire
 pub const STREAM_START_OFFSET: HeaderName = HeaderName::from_static("stream-start-offset");
 /// Extension: age retention in seconds (PUT sets it, HEAD reports it).
 pub const STREAM_RETENTION: HeaderName = HeaderName::from_static("stream-retention");
+/// The subject a stream is bound to (docs/schemas.md): on create, and on reads.
+pub const STREAM_SCHEMA_SUBJECT: HeaderName = HeaderName::from_static("stream-schema-subject");
+/// The version of that subject appends are checked against (a pinned one, or for
+/// a JSON stream the latest).
+pub const STREAM_SCHEMA_VERSION: HeaderName = HeaderName::from_static("stream-schema-version");
 pub const STREAM_SEQ: HeaderName = HeaderName::from_static("stream-seq");
 pub const STREAM_FORKED_FROM: HeaderName = HeaderName::from_static("stream-forked-from");
 pub const STREAM_FORK_OFFSET: HeaderName = HeaderName::from_static("stream-fork-offset");
@@ -36,7 +41,7 @@ pub const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
 
 pub const CORS_ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 pub const CORS_ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at, stream-retention, stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset";
-pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-start-offset, stream-retention, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
+pub const CORS_EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, stream-expires-at, stream-start-offset, stream-retention, stream-schema-subject, stream-schema-version, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, producer-received-seq, etag, content-type, location, retry-after, x-request-id";
 
 /// Marks a value that is new in (nearly) every response as never to be indexed by
 /// HPACK, HTTP/2's header compression. Indexed, each response's offset, ETag or request

@@ -21,6 +21,7 @@ pub mod positions;
 pub mod records;
 pub mod request;
 pub mod retention;
+pub mod schemas;
 pub mod server;
 pub mod subscriptions;
 pub mod tokens;
@@ -84,6 +85,9 @@ pub struct HttpConfig {
     pub public_url: Option<String>,
     /// The API port serves HTTPS.
     pub tls: bool,
+    /// The schema registry, if the node opened it already (before its Kafka
+    /// listener, so no append is ever unchecked); opened here otherwise.
+    pub registry: Option<Arc<picomq_registry::Registry>>,
 }
 
 /// How a cluster member's edge routes.
@@ -112,6 +116,7 @@ impl Default for HttpConfig {
             subscriptions: picomq_consumers::subscriptions::Settings::default(),
             public_url: None,
             tls: false,
+            registry: None,
         }
     }
 }
@@ -146,6 +151,8 @@ pub const API_ROUTES: &[&str] = &[
     subscriptions::ROTATE_PATH,
     subscriptions::LIST_PATH,
     positions::PATH,
+    schemas::PATH,
+    schemas::ITEM_PATH,
     console::PATH,
     console::INDEX_PATH,
     console::FILE_PATH,
@@ -193,6 +200,13 @@ pub fn router(engine: Engine, config: HttpConfig) -> Api {
     routers(engine, config).0
 }
 
+/// The node's schema registry, installed as the check every append passes.
+pub fn open_registry(engine: &Engine) -> Arc<picomq_registry::Registry> {
+    let registry = picomq_registry::Registry::new((**engine).clone());
+    engine.set_append_check(registry.clone());
+    registry
+}
+
 /// The API's service, and the admin router for `--admin-listen` (`/metrics`,
 /// `/healthz`, `/readyz` and the console's files only), sharing one state.
 pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
@@ -222,6 +236,10 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     }
     let consumers =
         picomq_consumers::Consumers::new(engine.clone(), settings, config.shutdown.clone());
+    let registry = match &config.registry {
+        Some(r) => r.clone(),
+        None => open_registry(&engine),
+    };
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -250,6 +268,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         consumers: consumers.clone(),
         public_url: config.public_url,
         tls: config.tls,
+        registry,
     });
     tokio::spawn(consumers.subscriptions.clone().run(Duration::from_secs(1)));
     let mut admin = Router::new()
@@ -285,6 +304,8 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     .merge(console::PATHS, console::routes())
     .route(groups::ITEM_PATH, any(groups::handle))
     .route(positions::PATH, any(positions::handle))
+    .route(schemas::PATH, any(schemas::handle))
+    .route(schemas::ITEM_PATH, any(schemas::handle))
     .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
     .checked()
     .fallback(ds::handle);

@@ -675,6 +675,9 @@ pub async fn info(
             "seq": point_seq,
         });
     }
+    if let Some((subject, version)) = crate::ds::schema_of(app, &name).await {
+        body["schema"] = json!({ "subject": subject, "version": version });
+    }
     if let Some(ts) = first.ts_ms {
         body["first_timestamp"] = json!(ts);
         body["last_timestamp"] = json!(stream.handle.lock().last_ts_ms.max(ts));

@@ -41,7 +41,7 @@ enum Action {
     Retention { secs: Option<u64> },
 }
 
-const ACTIONS: [&str; 4] = ["trim", "retention", "records", "info"];
+const ACTIONS: [&str; 5] = ["trim", "retention", "records", "info", "schema"];
 
 /// The stream name (as addressed, percent-escapes kept) and the action of a path.
 fn target(path: &str, max_name_bytes: usize) -> Result<(String, &str), ApiError> {
@@ -50,7 +50,7 @@ fn target(path: &str, max_name_bytes: usize) -> Result<(String, &str), ApiError>
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            "no such endpoint: use /__picomq/streams/{name}/ and trim, retention, records or info",
+            "no such endpoint: use /__picomq/streams/{name}/ and trim, retention, records, info or schema",
         )
     };
     let (name, action) = rest.rsplit_once('/').ok_or_else(not_found)?;
@@ -115,6 +115,8 @@ pub async fn handle(
     let native = verb == "records" || verb == "info";
     let allowed = if native {
         records::allowed(verb, &parts.method)
+    } else if verb == "schema" {
+        parts.method == Method::POST || parts.method == Method::GET
     } else {
         parts.method == Method::POST
     };
@@ -128,19 +130,24 @@ pub async fn handle(
     let shown = name.clone();
     let op = match (verb, &parts.method) {
         ("records", &Method::POST) => Op::Append,
-        ("records" | "info", _) => Op::Read,
+        ("records" | "info" | "schema", &Method::GET) | ("info", _) => Op::Read,
+        // Binding a stream sets what may be written to it: the stream's owner's call.
+        ("schema", _) => Op::Create,
         _ => Op::Delete,
     };
     let access = Access::new(app.auth.as_ref(), principal.as_ref());
     name = access.stream(op, name)?;
+
     let query = parts.uri.query().map(str::to_string);
-    let action = if native {
+    let action = if native || verb == "schema" {
         None
     } else {
         Some(action(verb, query.as_deref())?)
     };
     let body = if verb == "records" && parts.method == Method::POST {
         records::read_append_body(&app, body).await?
+    } else if verb == "schema" && parts.method == Method::POST {
+        crate::request::read_body(body, 64 * 1024, app.body_read_timeout).await?
     } else {
         bytes::Bytes::new()
     };
@@ -148,13 +155,19 @@ pub async fn handle(
         return Ok(r);
     }
     let name = picomq_engine::StreamName::new(name, app.engine.config().stream_name_bytes_max)?;
+    if verb == "schema" {
+        return schema(&app, name, &shown, &parts.method, body).await;
+    }
     let Some(action) = action else {
         return match verb {
             "info" => records::info(&app, name, &shown, access).await,
             _ if parts.method == Method::POST => {
                 records::append(&app, name, &shown, &parts.headers, body).await
             }
-            _ => records::read(&app, name, query.as_deref(), principal).await,
+            _ => {
+                let read = records::read(&app, name.clone(), query.as_deref(), principal).await;
+                crate::ds::with_schema(&app, &name, read).await
+            }
         };
     };
     let body = match action {
@@ -197,6 +210,73 @@ pub async fn handle(
         .header(header::CACHE_CONTROL, "no-store")
         .body(Body::from(body.to_string()))
         .expect("valid response"))
+}
+
+/// `GET|POST /__picomq/streams/{name}/schema`: the stream's binding, or a new one
+/// (`{"subject": S, "version": N}`; `{"subject": null}` unbinds). Every node
+/// shares the registry, so any member answers.
+async fn schema(
+    app: &AppState,
+    name: picomq_engine::StreamName,
+    shown: &str,
+    method: &Method,
+    raw: bytes::Bytes,
+) -> Result<Response<Body>, ApiError> {
+    use crate::ds::write::registry_error;
+    let stream = app.engine.stream(&name).await?;
+    let info = stream.info();
+    if method == Method::POST {
+        let req: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+        let obj = req.as_object().ok_or_else(|| {
+            ApiError::bad_request(
+                "send {\"subject\": NAME, \"version\": N} (version optional; subject null unbinds)",
+            )
+        })?;
+        if let Some(k) = obj.keys().find(|k| *k != "subject" && *k != "version") {
+            return Err(ApiError::bad_request(format!(
+                "unknown field {k:?}: a binding has subject and version"
+            )));
+        }
+        let subject = match obj.get("subject") {
+            Some(serde_json::Value::String(s)) => Some(s.as_str()),
+            Some(serde_json::Value::Null) => None,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "subject must be a string (or null to unbind)",
+                ))
+            }
+        };
+        let version = match obj.get("version") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|v| (1..=i32::MAX as u64).contains(v))
+                    .ok_or_else(|| ApiError::bad_request("version must be a whole number from 1"))?
+                    as u32,
+            ),
+        };
+        if subject.is_none() && version.is_some() {
+            return Err(ApiError::bad_request("a version needs a subject"));
+        }
+        let (registry, name, id) = (app.registry.clone(), info.name.clone(), info.id);
+        let (json, subject) = (stream.handle.config.json, subject.map(str::to_string));
+        crate::schemas::detached(async move {
+            registry
+                .bind(&name, id, json, subject.as_deref(), version)
+                .await
+        })
+        .await
+        .map_err(registry_error)?;
+    }
+    let bound = crate::ds::schema_of(app, &name).await;
+    let body = match bound {
+        Some((subject, version)) => {
+            json!({ "stream": shown, "subject": subject, "version": version })
+        }
+        None => json!({ "stream": shown, "subject": null, "version": null }),
+    };
+    Ok(crate::app::json_response(StatusCode::OK, body))
 }
 
 #[cfg(test)]

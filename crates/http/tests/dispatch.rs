@@ -29,10 +29,14 @@ async fn api(auth: bool) -> Api {
     } else {
         None
     };
+    // As a node does: the registry loaded before anything is served.
+    let registry = picomq_http::open_registry(&engine);
+    registry.ready().await;
     picomq_http::router(
         engine,
         HttpConfig {
             auth,
+            registry: Some(registry),
             ..HttpConfig::default()
         },
     )

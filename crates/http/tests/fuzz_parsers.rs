@@ -237,8 +237,12 @@ async fn router_never_panics_or_fails_on_garbage() {
         sse_max_duration: Duration::from_millis(10),
         auth: Some(Arc::new(auth)),
         rate_limit_ip: Some((1e9, 1e9)),
+        registry: Some(picomq_http::open_registry(&engine)),
         ..HttpConfig::default()
     };
+    if let Some(r) = &config.registry {
+        r.ready().await;
+    }
     let app = picomq_http::router(engine, config);
     let methods = [
         Method::GET,

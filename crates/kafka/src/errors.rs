@@ -51,7 +51,8 @@ pub(crate) fn of(e: &EngineError) -> (i16, String) {
         | EngineError::StreamClosed { .. }
         | EngineError::StreamSeqConflict { .. }
         | EngineError::SeqMismatch { .. }
-        | EngineError::ForkSourceNotFound => code::INVALID_RECORD,
+        | EngineError::ForkSourceNotFound
+        | EngineError::SchemaViolation(_) => code::INVALID_RECORD,
     };
     (c, e.to_string())
 }

@@ -201,8 +201,24 @@ async fn partition(
     } else {
         name
     };
+    if transactional {
+        // Checked now against the topic's stream and subjects: its records reach
+        // the stream only at the commit, which must not fail on them.
+        let checked = picomq_engine::schemas::StreamRef {
+            id: stream.handle.config.id,
+            name: &stream.handle.config.name,
+            json,
+        };
+        kafka
+            .engine
+            .check_records(&checked, Some(topic), &out)
+            .map_err(|e| errors::of(&e))?;
+    }
     let mut append = AppendRequest::new(target.clone(), None, bytes::Bytes::new());
     append.records = Some(out);
+    if !transactional {
+        append.schema_topic = Some(topic.to_string());
+    }
     if batch.producer_id >= 0 {
         if batch.base_sequence < 0 || batch.producer_epoch < 0 {
             return Err((

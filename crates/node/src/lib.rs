@@ -400,6 +400,10 @@ impl Incarnation {
             }
             tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
         }
+        // Before any listener: no append is taken before the registry checks it.
+        let registry = picomq_http::open_registry(&engine);
+        registry.ready().await;
+        http.registry = Some(registry);
         if let (Some(kafka), Some(port)) = (&config.kafka, &ports.kafka) {
             let listener = Ports::listener(port)?;
             let serve = picomq_kafka::serve(

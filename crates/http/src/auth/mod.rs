@@ -145,6 +145,14 @@ impl Token {
             .any(|(ops, p)| ops.has(op) && p.matches(name))
     }
 
+    /// Holds `op` on every name (`**`, outside any namespace): what node-wide
+    /// settings need. `*` is not every name, though it matches the empty one.
+    pub fn has_op_everywhere(&self, op: Op) -> bool {
+        self.absolute
+            .iter()
+            .any(|(ops, p)| ops.has(op) && matches!(p, Pattern::Prefix(s) if s.is_empty()))
+    }
+
     /// Holds `op` on some pattern (for node-wide operations).
     pub fn has_op(&self, op: Op) -> bool {
         self.absolute.iter().any(|(ops, _)| ops.has(op))

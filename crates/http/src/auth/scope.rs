@@ -11,7 +11,7 @@ pub const SCOPES_MAX: usize = 32;
 
 /// One operation, as a bit of `Ops`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
+#[repr(u16)]
 pub enum Op {
     Create = 1,
     Append = 2,
@@ -27,10 +27,13 @@ pub enum Op {
     /// Claim a pull-wake subscription's wake (ack and release take the claim's own
     /// token).
     Claim = 128,
+    /// Register, delete and configure schemas in the registry (on subjects the
+    /// pattern matches: `schemas:orders-*`).
+    Schemas = 256,
 }
 
 impl Op {
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::Create,
         Op::Append,
         Op::Read,
@@ -39,6 +42,7 @@ impl Op {
         Op::Tokens,
         Op::Subscribe,
         Op::Claim,
+        Op::Schemas,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,23 +55,24 @@ impl Op {
             Op::Tokens => "tokens",
             Op::Subscribe => "subscribe",
             Op::Claim => "claim",
+            Op::Schemas => "schemas",
         }
     }
 }
 
 /// A set of operations.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ops(u8);
+pub struct Ops(u16);
 
 impl Ops {
     pub fn all() -> Ops {
-        Ops(255)
+        Ops(511)
     }
     pub fn has(self, op: Op) -> bool {
-        self.0 & op as u8 != 0
+        self.0 & op as u16 != 0
     }
     fn with(self, op: Op) -> Ops {
-        Ops(self.0 | op as u8)
+        Ops(self.0 | op as u16)
     }
     pub fn iter(self) -> impl Iterator<Item = Op> {
         Op::ALL.into_iter().filter(move |op| self.has(*op))
@@ -271,7 +276,7 @@ pub struct Scope {
 
 impl Scope {
     /// `OPS:PATTERN`, OPS a comma-separated list of create, append, read, delete,
-    /// admin, tokens, subscribe, claim, or `all`. `PATTERN` defaults to `**` when
+    /// admin, tokens, subscribe, claim, schemas, or `all`. `PATTERN` defaults to `**` when
     /// `:PATTERN` is left out.
     pub fn parse(text: &str) -> Result<Scope, String> {
         let text = text.trim();
@@ -283,7 +288,7 @@ impl Scope {
                 w => {
                     let op = Op::ALL.into_iter().find(|op| op.name() == w).ok_or_else(|| {
                         format!(
-                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens, subscribe, claim or all)"
+                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens, subscribe, claim, schemas or all)"
                         )
                     })?;
                     ops.with(op)

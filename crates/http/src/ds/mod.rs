@@ -106,8 +106,21 @@ pub async fn handle(
         Method::PUT => Box::pin(write::create(&app, &caller, name, &headers, body)).await,
         Method::POST => write::append(&app, name, &headers, body).await,
         Method::DELETE => Box::pin(write::delete(&app, name)).await,
-        Method::HEAD => Box::pin(read::head(&app, name)).await,
-        Method::GET => Box::pin(read::get(&app, &caller, name, uri.query(), &headers)).await,
+        Method::HEAD => {
+            let r = Box::pin(read::head(&app, name.clone())).await;
+            with_schema(&app, &name, r).await
+        }
+        Method::GET => {
+            let r = Box::pin(read::get(
+                &app,
+                &caller,
+                name.clone(),
+                uri.query(),
+                &headers,
+            ))
+            .await;
+            with_schema(&app, &name, r).await
+        }
         _ => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -172,6 +185,43 @@ pub fn offset_value(offset: picomq_engine::Offset) -> HeaderValue {
 pub fn value(s: impl AsRef<str>) -> HeaderValue {
     HeaderValue::from_str(s.as_ref())
         .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"))
+}
+
+/// The subject (and version) the stream `name` is bound to, if any: a version for
+/// a pinned binding, or the subject's latest for a JSON stream.
+pub async fn schema_of(app: &AppState, name: &StreamName) -> Option<(String, Option<u32>)> {
+    let state = app.registry.snapshot();
+    let binding = state.bindings.get(name.as_str())?;
+    let stream = app.engine.stream(name).await.ok()?;
+    if stream.info().id != binding.stream_id {
+        return None;
+    }
+    let version = binding.version.or_else(|| {
+        stream
+            .handle
+            .config
+            .json
+            .then(|| state.latest(&binding.subject, false).map(|(v, _)| v))
+            .flatten()
+    });
+    Some((binding.subject.clone(), version))
+}
+
+/// A read's answer, naming the contract of a bound stream.
+pub(crate) async fn with_schema(app: &AppState, name: &StreamName, r: HttpResult) -> HttpResult {
+    let mut resp = r?;
+    if resp.status().is_success() && !app.registry.snapshot().bindings.is_empty() {
+        if let Some((subject, version)) = schema_of(app, name).await {
+            let h = resp.headers_mut();
+            if let Ok(v) = axum::http::HeaderValue::from_str(&subject) {
+                h.insert(crate::headers::STREAM_SCHEMA_SUBJECT, v);
+            }
+            if let Some(v) = version {
+                h.insert(crate::headers::STREAM_SCHEMA_VERSION, v.into());
+            }
+        }
+    }
+    Ok(resp)
 }
 
 #[cfg(test)]

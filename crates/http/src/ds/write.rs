@@ -32,6 +32,7 @@ pub async fn create(
 ) -> HttpResult {
     let lifetime = lifetime(headers)?;
     let fork = fork(app, caller, headers)?;
+    let schema = schema_binding(headers)?;
     let body = read_body(
         body,
         app.engine.config().append_bytes_max,
@@ -42,6 +43,34 @@ pub async fn create(
     let _admitted = check_namespace_quota(app, caller, &name).await?;
     // A value that is not shaped like a media type is treated as absent.
     let content_type = content_type(app, headers)?.filter(ContentType::is_media_type);
+    let fork_source = fork.as_ref().map(|f| f.source.clone());
+    if let Some((subject, version)) = &schema {
+        // The subject must exist, and a first message must pass it, before the
+        // stream does.
+        let registry = &app.registry;
+        let v = version.map_or(
+            picomq_registry::VersionRef::Latest,
+            picomq_registry::VersionRef::Number,
+        );
+        let target = registry
+            .version(subject, v, false)
+            .await
+            .map_err(registry_error)?;
+        let json = content_type.as_ref().is_some_and(ContentType::is_json);
+        if json && target.schema.kind != "JSON" {
+            return Err(registry_error(picomq_registry::RegistryError::new(
+                picomq_registry::error::INVALID_SCHEMA,
+                format!(
+                    "a JSON stream's messages are checked against a JSON Schema; subject {subject:?} holds {}",
+                    target.schema.kind
+                ),
+            )));
+        }
+        if !body.is_empty() {
+            let records = first_records(&body, json)?;
+            registry.check_against(subject, *version, json, &records)?;
+        }
+    }
     let request = CreateRequest {
         name: name.clone(),
         content_type,
@@ -55,6 +84,30 @@ pub async fn create(
     let (created, info) = app.engine.create(request).await?;
     if created {
         app.written(&info.name);
+    }
+    // The binding, decided under the registry's lock (a stream bound to another
+    // subject is a conflict). A fork created without one takes its source's: its
+    // writers are held to the same contract.
+    let inherited = match (&schema, &fork_source) {
+        (None, Some(source)) if created => match app.engine.stream(source).await {
+            Ok(s) => app
+                .registry
+                .binding(source.as_str(), s.info().id)
+                .map(|b| (b.subject, b.version)),
+            Err(_) => None,
+        },
+        _ => None,
+    };
+    if let Some((subject, version)) = schema.or(inherited) {
+        let json = picomq_engine::domain::is_json(&info.content_type);
+        let (registry, name, id) = (app.registry.clone(), info.name.clone(), info.id);
+        crate::schemas::detached(async move {
+            registry
+                .bind_on_create(&name, id, json, &subject, version)
+                .await
+        })
+        .await
+        .map_err(registry_error)?;
     }
     let mut resp = Response::builder()
         .status(if created {
@@ -255,6 +308,8 @@ pub async fn append(
             producer,
             records: None,
             match_seq: None,
+            schema_topic: None,
+            schema_checked: false,
         })
         .await?;
     if let Some(name) = watched {
@@ -305,8 +360,74 @@ pub async fn append(
 
 pub async fn delete(app: &AppState, name: StreamName) -> HttpResult {
     app.engine.delete(&name).await?;
+    // Its binding goes with it (one left behind would never apply again: it names
+    // the deleted stream's id, but it would count against the registry's limit).
+    if app.registry.snapshot().bindings.contains_key(name.as_str()) {
+        let (registry, name) = (app.registry.clone(), name.to_string());
+        let unbound =
+            crate::schemas::detached(
+                async move { registry.bind(&name, 0, false, None, None).await },
+            )
+            .await;
+        if let Err(e) = unbound {
+            tracing::warn!(error = %e, "a deleted stream's schema binding stays");
+        }
+    }
     Ok(Response::builder()
         .status(StatusCode::NO_CONTENT)
         .body(Body::empty())
         .expect("valid response"))
+}
+
+/// `Stream-Schema-Subject` (and `Stream-Schema-Version`) of a create.
+fn schema_binding(headers: &HeaderMap) -> Result<Option<(String, Option<u32>)>, ApiError> {
+    let subject = headers::text(headers, &STREAM_SCHEMA_SUBJECT)?;
+    let version = headers::text(headers, &STREAM_SCHEMA_VERSION)?;
+    let Some(subject) = subject else {
+        if version.is_some() {
+            return Err(ApiError::bad_request(
+                "Stream-Schema-Version needs Stream-Schema-Subject",
+            ));
+        }
+        return Ok(None);
+    };
+    picomq_registry::registry::check_subject(subject)
+        .map_err(|e| ApiError::bad_request(format!("Stream-Schema-Subject: {}", e.message)))?;
+    let version = version
+        .map(|v| headers::strict_uint(v, "Stream-Schema-Version", i32::MAX as u64))
+        .transpose()?
+        .map(|v| v as u32)
+        .filter(|v| *v > 0);
+    Ok(Some((subject.to_string(), version)))
+}
+
+/// A create's body as the records it will hold: a JSON array's elements (one
+/// level), any other JSON value, or the bytes as one record.
+fn first_records(
+    body: &bytes::Bytes,
+    json: bool,
+) -> Result<Vec<picomq_engine::NewRecord>, ApiError> {
+    if !json {
+        return Ok(vec![picomq_engine::NewRecord::plain(body.clone())]);
+    }
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+    let values = match value {
+        serde_json::Value::Array(items) => items,
+        other => vec![other],
+    };
+    Ok(values
+        .into_iter()
+        .map(|v| picomq_engine::NewRecord::plain(bytes::Bytes::from(v.to_string())))
+        .collect())
+}
+
+/// A registry refusal as the edge words errors: its status, its code as a field.
+pub(crate) fn registry_error(e: picomq_registry::RegistryError) -> ApiError {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let code = match e.code {
+        picomq_registry::error::BINDING_CONFLICT => "schema_binding_conflict",
+        _ => "schema_registry",
+    };
+    ApiError::new(status, code, e.message).with_json_field("error_code", serde_json::json!(e.code))
 }
