@@ -1222,6 +1222,287 @@ def auth_args():
 TEST_LIMIT_S = 420
 
 
+# ---- the schema registry (docs/schemas.md) ------------------------------------
+
+def registry(srv, **conf):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    return SchemaRegistryClient({"url": srv.url + "/__picomq/schemas", **conf})
+
+
+def refused(call, status, code):
+    """`call()` fails with the registry's HTTP status and error code."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+    try:
+        call()
+    except SchemaRegistryError as e:
+        check(e.http_status_code == status and e.error_code == code,
+              f"expected {status}/{code}, got {e.http_status_code}/{e.error_code}: {e}")
+        return str(e)
+    raise AssertionError(f"expected a {status}/{code} refusal")
+
+
+def produce_refused(srv, topic, value, key=None):
+    """Produces one raw record with librdkafka and with kafka-python: the broker
+    must refuse it with INVALID_RECORD; returns the broker's message, which
+    kafka-python shows (librdkafka reports the code's description only)."""
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+    p = Producer({"bootstrap.servers": srv.bootstrap, "acks": "all",
+                  "enable.idempotence": False, "retries": 0})
+    [(err, _, _, _)] = produce_all(p, [(topic, 0, key, value, None, None)])
+    check(err is not None and err.code() == KafkaError.INVALID_RECORD,
+          f"a bad record was not refused: {err}")
+    kp = KafkaProducer(bootstrap_servers=srv.bootstrap.split(","), retries=0)
+    try:
+        kp.send(topic, value=value, key=key, partition=0).get(timeout=30)
+        raise AssertionError("kafka-python: a bad record was not refused")
+    except InvalidRecordError as e:
+        return str(e)
+    finally:
+        kp.close()
+
+
+def test_registry_avro(srv):
+    """Avro with confluent-kafka's SchemaRegistryClient and serializers: register,
+    evolve (a default added passes BACKWARD; a type change is refused 409/40901),
+    produce through the Kafka listener, consume with the deserializer; a payload
+    that does not decode, or names another subject's schema, is refused."""
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    sr = registry(srv)
+    topic = "avro-" + uuid.uuid4().hex[:8]
+    create_topic(srv, topic, 1)
+    v1 = json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "long"}, {"name": "item", "type": "string"}]})
+    v2 = json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "long"}, {"name": "item", "type": "string"},
+        {"name": "qty", "type": "int", "default": 1}]})
+    bad = json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "string"}, {"name": "item", "type": "string"}]})
+    subject = f"{topic}-value"
+    id1 = sr.register_schema(subject, Schema(v1, "AVRO"))
+    # The same schema again: the same id, no new version.
+    check(sr.register_schema(subject, Schema(v1, "AVRO")) == id1, "re-registering gave a new id")
+    check(sr.test_compatibility(subject, Schema(v2, "AVRO")), "v2 should be compatible")
+    check(not sr.test_compatibility(subject, Schema(bad, "AVRO")), "bad should be incompatible")
+    id2 = sr.register_schema(subject, Schema(v2, "AVRO"))
+    check(id2 != id1, "v2 got v1's id")
+    message = refused(lambda: sr.register_schema(subject, Schema(bad, "AVRO")), 409, 40901)
+    latest = sr.get_latest_version(subject)
+    check(latest.version == 2 and latest.schema_id == id2, f"latest {latest}")
+    check(sr.get_versions(subject) == [1, 2], "versions")
+    # Produce with the serializer (its own lookup of the latest schema by topic).
+    ser = AvroSerializer(sr, v2, conf={"auto.register.schemas": False, "use.latest.version": True})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    p = Producer({"bootstrap.servers": srv.bootstrap, "acks": "all"})
+    orders = [{"id": i, "item": f"thing-{i}", "qty": i + 1} for i in range(5)]
+    reports = produce_all(p, [(topic, 0, None, ser(o, ctx), None, None) for o in orders])
+    check(all(r[0] is None for r in reports), f"valid records refused: {reports}")
+    # Written with v1 (an old producer): still a version of the subject.
+    old = AvroSerializer(sr, v1, conf={"auto.register.schemas": False, "use.latest.version": False})
+    reports = produce_all(p, [(topic, 0, None, old({"id": 9, "item": "old"}, ctx), None, None)])
+    check(reports[0][0] is None, f"a v1 record was refused: {reports}")
+    # Not Avro of this schema: garbage after a valid id, a foreign id, no framing.
+    why = produce_refused(srv, topic, b"\0" + id2.to_bytes(4, "big") + b"\xff\xff\xff")
+    check(subject in why and "decode" in why, f"refusal text: {why}")
+    other = sr.register_schema(f"other-{topic}", Schema('"string"', "AVRO"))
+    why = produce_refused(srv, topic, b"\0" + other.to_bytes(4, "big") + b"\x02a")
+    check("schemaId" in why, f"foreign id refusal: {why}")
+    produce_refused(srv, topic, b"plain bytes")
+    des = AvroDeserializer(sr)
+    got = [des(m.value(), ctx) for m in consume(srv.bootstrap, topic, [0], 6)]
+    check(got[:5] == orders and got[5] == {"id": 9, "item": "old"},
+          f"deserialized {got}")
+    # A transaction's records are checked when produced; its commit, with a
+    # tombstone among them, goes through.
+    tp = Producer({"bootstrap.servers": srv.bootstrap, "transactional.id": "sr-" + topic})
+    tp.init_transactions(30)
+    tp.begin_transaction()
+    produce_one(tp, topic, partition=0, value=ser({"id": 10, "item": "t", "qty": 1}, ctx))
+    produce_one(tp, topic, partition=0, key=b"gone", value=None)
+    tp.commit_transaction(30)
+    got = consume(srv.bootstrap, topic, [0], 8, extra={"isolation.level": "read_committed"})
+    check(des(got[6].value(), ctx)["id"] == 10 and got[7].value() is None,
+          f"transaction: {[m.value() for m in got[6:]]}")
+    return f"ids {id1},{id2}; incompatible refused: {message[:60]}...; 6 records through"
+
+
+def test_registry_json_schema(srv):
+    """JSON Schema: the serializer produces through Kafka and the deserializer reads
+    back; a stream bound over HTTP (Stream-Schema-Subject) takes valid JSON appends
+    and refuses a batch with one bad message (400 naming index, path and rule,
+    nothing stored); reads name the subject and version."""
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    sr = registry(srv)
+    topic = "json-" + uuid.uuid4().hex[:8]
+    create_topic(srv, topic, 1)
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 8}},
+              "required": ["id", "name"], "additionalProperties": False}
+    subject = f"{topic}-value"
+    sid = sr.register_schema(subject, Schema(json.dumps(schema), "JSON"))
+    # Closed model: a new required property breaks BACKWARD, an optional one does not.
+    wider = dict(schema, properties=dict(schema["properties"], note={"type": "string"}))
+    stricter = dict(schema, required=["id", "name", "note"],
+                    properties=dict(schema["properties"], note={"type": "string"}))
+    refused(lambda: sr.register_schema(subject, Schema(json.dumps(stricter), "JSON")), 409, 40901)
+    sid2 = sr.register_schema(subject, Schema(json.dumps(wider), "JSON"))
+    ser = JSONSerializer(json.dumps(wider), sr, conf={"auto.register.schemas": False,
+                                                       "use.latest.version": True})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    p = Producer({"bootstrap.servers": srv.bootstrap, "acks": "all"})
+    reports = produce_all(p, [(topic, 0, None, ser({"id": 1, "name": "a"}, ctx), None, None)])
+    check(reports[0][0] is None, f"refused: {reports}")
+    why = produce_refused(srv, topic, b"\0" + sid2.to_bytes(4, "big") + b'{"id": "x", "name": "a"}')
+    check("/id" in why and "type" in why, f"refusal text: {why}")
+    des = JSONDeserializer(json.dumps(wider))
+    [m] = consume(srv.bootstrap, topic, [0], 1)
+    check(des(m.value(), ctx) == {"id": 1, "name": "a"}, "JSON round trip")
+    # HTTP: a JSON stream bound on create.
+    stream = "orders/" + uuid.uuid4().hex[:8]
+    status, body, _ = srv.http("PUT", f"/{stream}", b"", {
+        "Content-Type": "application/json", "Stream-Schema-Subject": subject})
+    check(status == 201, f"create bound: {status} {body!r}")
+    status, body, _ = srv.http("POST", f"/{stream}", b'[{"id": 1, "name": "ok"}]',
+                               {"Content-Type": "application/json"})
+    check(status == 204, f"valid append: {status} {body!r}")
+    status, body, _ = srv.http("POST", f"/{stream}",
+                               b'[{"id": 2, "name": "fine"}, {"id": 3, "name": "far too long"}]',
+                               {"Content-Type": "application/json"})
+    err = json.loads(body).get("error", {})
+    check(status == 400 and err.get("index") == 1 and err.get("path") == "/name"
+          and err.get("rule") == "maxLength" and err.get("subject") == subject,
+          f"bad batch: {status} {body!r}")
+    status, body, headers = srv.http("GET", f"/{stream}?offset=-1")
+    check(json.loads(body) == [{"id": 1, "name": "ok"}], f"the refused batch was stored: {body!r}")
+    h = {k.lower(): v for k, v in headers.items()}
+    check(h.get("stream-schema-subject") == subject and h.get("stream-schema-version") == "2",
+          f"read headers {h}")
+    status, body, _ = srv.http("GET", f"/__picomq/streams/{stream}/info")
+    check(json.loads(body).get("schema") == {"subject": subject, "version": 2}, f"info {body!r}")
+    # Unbound, anything JSON goes; bound again, pinned to version 1.
+    status, body, _ = srv.http("POST", f"/__picomq/streams/{stream}/schema",
+                               json.dumps({"subject": None}).encode(),
+                               {"Content-Type": "application/json"})
+    check(status == 200 and json.loads(body)["subject"] is None, f"unbind {status} {body!r}")
+    status, _, _ = srv.http("POST", f"/{stream}", b'{"anything": true}',
+                            {"Content-Type": "application/json"})
+    check(status == 204, "unbound append")
+    status, body, _ = srv.http("POST", f"/__picomq/streams/{stream}/schema",
+                               json.dumps({"subject": subject, "version": 1}).encode(),
+                               {"Content-Type": "application/json"})
+    check(status == 200 and json.loads(body)["version"] == 1, f"pin {status} {body!r}")
+    status, body, _ = srv.http("POST", f"/{stream}", b'{"id": 4, "name": "x", "note": "n"}',
+                               {"Content-Type": "application/json"})
+    check(status == 400 and json.loads(body)["error"]["rule"] == "additionalProperties",
+          f"pinned v1 refuses note: {status} {body!r}")
+    return f"ids {sid},{sid2}; Kafka and HTTP appends checked"
+
+
+def proto_class(package, fields):
+    """A protobuf message class built at run time (no protoc): `fields` are
+    (name, number, type) with descriptor_pb2 type numbers."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    fdp = descriptor_pb2.FileDescriptorProto()
+    fdp.name = f"{package.replace('.', '/')}/order.proto"
+    fdp.package = package
+    fdp.syntax = "proto3"
+    m = fdp.message_type.add()
+    m.name = "Order"
+    for name, number, t in fields:
+        f = m.field.add()
+        f.name, f.number, f.type = name, number, t
+        f.label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Order"))
+
+
+def test_registry_protobuf(srv):
+    """Protobuf: the serializer registers the message's file, produces through
+    Kafka, the deserializer reads back; a compatible change (a field added) is
+    accepted, an incompatible one (int64 to string) refused 409/40901."""
+    from google.protobuf import descriptor_pb2 as d
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    sr = registry(srv)
+    topic = "proto-" + uuid.uuid4().hex[:8]
+    create_topic(srv, topic, 1)
+    pkg = "shop.v" + uuid.uuid4().hex[:6]
+    Order = proto_class(pkg, [("id", 1, d.FieldDescriptorProto.TYPE_INT64),
+                              ("item", 2, d.FieldDescriptorProto.TYPE_STRING)])
+    Order2 = proto_class(pkg, [("id", 1, d.FieldDescriptorProto.TYPE_INT64),
+                               ("item", 2, d.FieldDescriptorProto.TYPE_STRING),
+                               ("qty", 3, d.FieldDescriptorProto.TYPE_INT32)])
+    Bad = proto_class(pkg, [("id", 1, d.FieldDescriptorProto.TYPE_STRING)])
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    ser = ProtobufSerializer(Order, sr, {"use.deprecated.format": False})
+    p = Producer({"bootstrap.servers": srv.bootstrap, "acks": "all"})
+    reports = produce_all(p, [(topic, 0, None, ser(Order(id=7, item="pen"), ctx), None, None)])
+    check(reports[0][0] is None, f"refused: {reports}")
+    ser2 = ProtobufSerializer(Order2, sr, {"use.deprecated.format": False})
+    reports = produce_all(p, [(topic, 0, None, ser2(Order2(id=8, item="ink", qty=3), ctx),
+                               None, None)])
+    check(reports[0][0] is None, f"v2 refused: {reports}")
+    check(sr.get_versions(f"{topic}-value") == [1, 2], "two versions registered")
+    bad = ProtobufSerializer(Bad, sr, {"use.deprecated.format": False})
+    refused(lambda: bad(Bad(id="x"), ctx), 409, 40901)
+    latest = sr.get_latest_version(f"{topic}-value")
+    why = produce_refused(srv, topic, b"\0" + latest.schema_id.to_bytes(4, "big") + b"\0\x0a\xff")
+    check("decode" in why, f"refusal text: {why}")
+    des = ProtobufDeserializer(Order2, {"use.deprecated.format": False})
+    got = [des(m.value(), ctx) for m in consume(srv.bootstrap, topic, [0], 2)]
+    check(got[0].id == 7 and got[0].item == "pen" and got[1].qty == 3, f"deserialized {got}")
+    return f"2 versions of {pkg}.Order; incompatible refused"
+
+
+def test_registry_cluster(cl):
+    """Three nodes share one registry: schemas registered on different nodes get
+    distinct ids, every node answers the same, and a binding made on one node
+    checks appends on the stream's owner."""
+    from confluent_kafka.schema_registry import Schema
+    clients = [registry(n) for n in cl.nodes]
+    base = "cl-" + uuid.uuid4().hex[:8]
+    ids = {}
+
+    def register_many(n, sr):
+        # Every node at once: the ids come from one sequence.
+        for i in range(n, 30, 3):
+            subject = f"{base}-{i}"
+            ids[subject] = sr.register_schema(subject, Schema(json.dumps(
+                {"type": "record", "name": f"R{i}", "fields": [{"name": "f", "type": "int"}]}),
+                "AVRO"))
+
+    threads = [threading.Thread(target=register_many, args=(n, sr))
+               for n, sr in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(len(ids) == 30, f"{len(ids)} of 30 registrations answered")
+    check(len(set(ids.values())) == len(ids), f"ids drawn twice: {ids}")
+    for sr in clients:
+        for subject, sid in ids.items():
+            got = sr.get_latest_version(subject)
+            check(got.schema_id == sid, f"{subject}: {got.schema_id} != {sid}")
+    subject = f"{base}-json"
+    clients[1].register_schema(subject, Schema(json.dumps(
+        {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}), "JSON"))
+    stream = f"{base}/bound"
+    status, body, _ = cl.nodes[2].http("PUT", f"/{stream}", b"", {
+        "Content-Type": "application/json", "Stream-Schema-Subject": subject})
+    check(status == 201, f"create: {status} {body!r}")
+    for n in cl.nodes:
+        status, body, _ = n.http("POST", f"/{stream}", b'{"n": 1}', {"Content-Type": "application/json"})
+        check(status == 204, f"valid append via {n.url}: {status} {body!r}")
+        status, body, _ = n.http("POST", f"/{stream}", b'{"n": "x"}', {"Content-Type": "application/json"})
+        check(status == 400, f"invalid append via {n.url}: {status} {body!r}")
+    return f"{len(ids)} ids from 3 nodes, all distinct and answered alike"
+
+
 def hung(name, srv):
     """A test outlived TEST_LIMIT_S: print where every thread is, stop the
     servers and fail now rather than at the job's timeout."""
@@ -1248,7 +1529,8 @@ def main():
              test_partitions_and_admin, test_kafka_python, test_kcat,
              test_consumer_group_members_come_and_go, test_consumer_protocol_group,
              test_kafkajs, test_transactions_commit_and_abort,
-             test_transaction_fencing_and_timeout]
+             test_transaction_fencing_and_timeout, test_registry_avro,
+             test_registry_json_schema, test_registry_protobuf]
     wanted = sys.argv[2:]
     failed = 0
     for name, tests, extra in [
@@ -1266,7 +1548,7 @@ def main():
                      test_partitions_and_admin, test_kafka_python, test_kcat, test_kafkajs,
                      test_transactions_commit_and_abort, test_exactly_once_through_kill9,
                      test_cluster_leader_killed, test_cluster_group_coordinator_killed,
-                     test_sasl_scopes], "cluster"),
+                     test_registry_cluster, test_sasl_scopes], "cluster"),
     ]:
         tests = [t for t in tests if not wanted or t.__name__ in wanted]
         if not tests:

@@ -13,7 +13,9 @@ fi
 # Pinned: the versions these tests were written against. python-snappy, lz4 and
 # zstandard give kafka-python its codecs.
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-  confluent-kafka==2.16.1 kafka-python==3.0.12 python-snappy==0.7.3 lz4==4.4.5 zstandard==0.25.0
+  "confluent-kafka[avro,json,protobuf,schemaregistry]==2.16.1" fastavro==1.13.1 \
+  jsonschema==4.26.0 protobuf==7.36.2 \
+  kafka-python==3.0.12 python-snappy==0.7.3 lz4==4.4.5 zstandard==0.25.0
 # kafkajs from the npm registry, pinned by package-lock.json.
 (cd "$HERE/kafkajs" && npm ci --no-audit --no-fund --loglevel=error >&2)
 python3 -u "$HERE/clients.py" "$BIN"

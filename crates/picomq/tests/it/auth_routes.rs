@@ -32,6 +32,10 @@ enum Needs {
     Nothing,
     /// Only another cluster member (the cluster key), never a token.
     ClusterKey,
+    /// Any one of these grants alone (the registry's writes: `schemas` on the
+    /// subject, or `admin` on every name); a token with every other operation but
+    /// these is refused.
+    Either(&'static [(&'static str, &'static str)]),
 }
 
 /// What state the row's request needs before it runs on the existing stream.
@@ -41,6 +45,8 @@ enum Setup {
     /// A position `c`, a group `g{N}` and a pull-wake subscription `sub{N}` on the
     /// stream.
     Consumers,
+    /// The stream, and the subject `{N}-value` registered (an Avro `"string"`).
+    Schema,
 }
 
 /// How a successful answer looks.
@@ -73,6 +79,7 @@ const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
 const READ: Needs = Needs::Grants(&[("read", "m/**")]);
 const SUBSCRIBE_PATH: (&str, &str) = ("subscribe", "__ds/subscriptions/**");
 const ADMIN: Needs = Needs::Grants(&[("admin", "**")]);
+const SCHEMAS: Needs = Needs::Either(&[("schemas", "**"), ("admin", "**")]);
 
 fn rows() -> Vec<Row> {
     let row = |route, method, path, headers, body, needs, setup, ok| Row {
@@ -87,7 +94,132 @@ fn rows() -> Vec<Row> {
     };
     let s = Setup::Stream;
     let c = Setup::Consumers;
+    let sr = Setup::Schema;
+    let registry = picomq_http::schemas::ITEM_PATH;
+    const STRING: &str = r#"{"schema":"\"string\""}"#;
     vec![
+        // The schema registry: reads need read (on anything), writes the schemas
+        // scope or admin; a stream's binding is read with read and set with create.
+        row(
+            picomq_http::schemas::PATH,
+            HttpMethod::GET,
+            "/__picomq/schemas",
+            &[],
+            "",
+            READ,
+            s,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::GET,
+            "/__picomq/schemas/subjects",
+            &[],
+            "",
+            READ,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::GET,
+            "/__picomq/schemas/subjects/{N}-value/versions/latest",
+            &[],
+            "",
+            READ,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::GET,
+            "/__picomq/schemas/schemas/ids/1",
+            &[],
+            "",
+            READ,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::POST,
+            "/__picomq/schemas/subjects/{N}-value",
+            JSON,
+            STRING,
+            READ,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::POST,
+            "/__picomq/schemas/compatibility/subjects/{N}-value/versions/latest",
+            JSON,
+            STRING,
+            READ,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::POST,
+            "/__picomq/schemas/subjects/{N}-value/versions",
+            JSON,
+            STRING,
+            SCHEMAS,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::PUT,
+            "/__picomq/schemas/config/{N}-value",
+            JSON,
+            r#"{"compatibility":"FULL"}"#,
+            SCHEMAS,
+            s,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::PUT,
+            "/__picomq/schemas/config",
+            JSON,
+            r#"{"compatibility":"BACKWARD"}"#,
+            SCHEMAS,
+            s,
+            Ok::Status(200),
+        ),
+        row(
+            registry,
+            HttpMethod::DELETE,
+            "/__picomq/schemas/subjects/{N}-value",
+            &[],
+            "",
+            SCHEMAS,
+            sr,
+            Ok::Status(200),
+        ),
+        row(
+            picomq_http::retention::PATH,
+            HttpMethod::GET,
+            "/__picomq/streams/{S}/schema",
+            &[],
+            "",
+            READ,
+            s,
+            Ok::Status(200),
+        ),
+        row(
+            picomq_http::retention::PATH,
+            HttpMethod::POST,
+            "/__picomq/streams/{S}/schema",
+            JSON,
+            r#"{"subject":null}"#,
+            Needs::Grants(&[("create", "m/**")]),
+            s,
+            Ok::Status(200),
+        ),
         // Durable Streams on the stream's own path.
         row(
             "{stream}",
@@ -402,7 +534,7 @@ fn rows() -> Vec<Row> {
         row(
             picomq_http::listing::PATH,
             HttpMethod::GET,
-            "/__picomq/streams?prefix=m/",
+            "/__picomq/streams?prefix=m/&limit=1000",
             &[],
             "",
             READ,
@@ -669,7 +801,12 @@ async fn fingerprint(s: &Server, stream: &str, n: &str) -> String {
         format!("/__picomq/positions/c/{stream}"),
         format!("/__ds/subscriptions/sub{n}"),
         format!("/__picomq/streams/{stream}/info"),
+        format!("/__picomq/streams/{stream}/schema"),
         "/__picomq/subscriptions".to_string(),
+        "/__picomq/schemas/subjects?deleted=true".to_string(),
+        format!("/__picomq/schemas/subjects/{n}-value/versions?deleted=true"),
+        "/__picomq/schemas/config".to_string(),
+        format!("/__picomq/schemas/config/{n}-value"),
     ] {
         let r = admin(s, HttpMethod::GET, &path, Value::Null).await;
         out.push_str(&format!("{path} {} {}\n", r.status.as_u16(), r.text()));
@@ -703,6 +840,16 @@ async fn set_up(c: &Ctx, setup: Setup, stream: &str, n: &str) {
     )
     .await;
     assert!(r.status.is_success(), "{}", r.text());
+    if setup == Setup::Schema {
+        let r = admin(
+            s,
+            HttpMethod::POST,
+            &format!("/__picomq/schemas/subjects/{n}-value/versions"),
+            json!({"schema": "\"string\""}),
+        )
+        .await;
+        assert!(r.status.is_success(), "{}", r.text());
+    }
     if setup == Setup::Consumers {
         let calls = [
             (
@@ -835,6 +982,46 @@ async fn check_row(c: &Ctx, n: usize, row: &Row) {
             for secret in [None, Some(ADMIN_SECRET.to_string())] {
                 let r = refused_alike(secret, "no cluster key").await;
                 assert!(r.status.is_client_error(), "{label}: {}", r.text());
+            }
+        }
+        Needs::Either(alternatives) => {
+            let r = refused_alike(None, "no token").await;
+            assert_eq!(r.status.as_u16(), 401, "{label}: {}", r.text());
+            let others: Vec<&str> = [
+                "create",
+                "append",
+                "read",
+                "delete",
+                "admin",
+                "tokens",
+                "subscribe",
+                "claim",
+                "schemas",
+            ]
+            .into_iter()
+            .filter(|o| !alternatives.iter().any(|(ops, _)| ops == o))
+            .collect();
+            let short = issue(c, vec![format!("{}:**", others.join(","))], "").await;
+            let r = refused_alike(Some(short), "short of every alternative").await;
+            assert_eq!(r.status.as_u16(), 403, "{label}: {}", r.text());
+            // Every right, in another namespace: the registry is the node's, not
+            // a namespace's.
+            let elsewhere = issue(c, vec!["all:**".into()], "ten2/").await;
+            let r = refused_alike(Some(elsewhere), "another namespace").await;
+            assert_eq!(r.status.as_u16(), 403, "{label}: {}", r.text());
+            for (i, (ops, pattern)) in alternatives.iter().enumerate() {
+                let right = issue(c, vec![format!("{ops}:{pattern}")], "").await;
+                let r = request(existing.clone(), Some(right)).await;
+                if i == 0 {
+                    assert_ok(row, &r, &label, &existing, true);
+                } else {
+                    // The state moved on (a delete is done): not refused is all.
+                    assert!(
+                        !matches!(r.status.as_u16(), 401 | 403),
+                        "{label} with {ops}:{pattern}: {}",
+                        r.text()
+                    );
+                }
             }
         }
         Needs::Grants(grants) => {

@@ -35,6 +35,7 @@ mod native_api;
 mod read_offsets;
 mod restart_recovery;
 mod s3_store;
+mod schemas;
 mod sdk;
 mod sdk_records;
 mod serve_config;
