@@ -79,6 +79,12 @@ pub struct RunArgs {
     /// Bytes per record (each carries its send timestamp).
     #[arg(long, default_value_t = 1024)]
     pub record_bytes: usize,
+    /// Send the JSON document in FILE (at most 1 MiB, not an array) as every message
+    /// instead of timestamped records of --record-bytes, e.g. one a stream's schema
+    /// accepts. Append workload on JSON streams only; no live readers or catch-up
+    /// (the document carries no timestamp to find).
+    #[arg(long, value_name = "FILE", conflicts_with = "record_bytes")]
+    pub message_file: Option<PathBuf>,
     /// Records per append request: a JSON array for application/json streams,
     /// concatenated records otherwise.
     #[arg(long, default_value_t = 1)]
@@ -166,7 +172,10 @@ pub struct Workload {
     pub authority: String,
     /// Path of the stream base, without a trailing slash (may be empty).
     pub base_path: String,
+    /// Bytes per message (the document's, with --message-file).
     pub record_bytes: usize,
+    /// `--message-file`: the document sent as every message, checked.
+    pub message: Option<Vec<u8>>,
     pub batch: usize,
     pub in_flight: usize,
     pub connections: usize,
@@ -215,12 +224,32 @@ impl Workload {
             .map_err(|e| BenchError::Config(format!("{}: {e}", a.url)))?
             .next()
             .ok_or_else(|| BenchError::Config(format!("{}: no address", a.url)))?;
-        if a.record_bytes < RECORD_BYTES_MIN {
+        let media = a.content_type.split(';').next().unwrap_or("").trim();
+        let json = media.eq_ignore_ascii_case("application/json");
+        let message = match &a.message_file {
+            Some(path) => {
+                if a.workload != Kind::Append
+                    || !json
+                    || a.live != Live::Off
+                    || a.catch_up.is_some()
+                {
+                    return bad(
+                        "--message-file needs --workload append on application/json streams, \
+                         without --live or --catch-up"
+                            .into(),
+                    );
+                }
+                Some(crate::payload::load_document(path).map_err(BenchError::Config)?)
+            }
+            None => None,
+        };
+        let record_bytes = message.as_ref().map_or(a.record_bytes, Vec::len);
+        if message.is_none() && record_bytes < RECORD_BYTES_MIN {
             return bad(format!(
                 "--record-bytes must be at least {RECORD_BYTES_MIN}"
             ));
         }
-        if a.batch == 0 || a.record_bytes.saturating_mul(a.batch) > BODY_BYTES_MAX {
+        if a.batch == 0 || record_bytes.saturating_mul(a.batch) > BODY_BYTES_MAX {
             return bad(format!(
                 "--batch must be at least 1 and --record-bytes x --batch at most {BODY_BYTES_MAX}"
             ));
@@ -245,8 +274,6 @@ impl Workload {
             None if a.http2 => a.in_flight.div_ceil(H2_STREAMS_PER_CONNECTION),
             None => a.in_flight,
         };
-        let media = a.content_type.split(';').next().unwrap_or("").trim();
-        let json = media.eq_ignore_ascii_case("application/json");
         let readers = match a.live {
             Live::Off => 0,
             _ => a.readers.unwrap_or(64).min(a.streams),
@@ -266,7 +293,8 @@ impl Workload {
             addr,
             authority,
             base_path,
-            record_bytes: a.record_bytes,
+            record_bytes,
+            message,
             batch: a.batch,
             in_flight: a.in_flight,
             connections,
@@ -291,6 +319,15 @@ impl Workload {
             output: a.output,
             progress: !a.quiet,
         })
+    }
+
+    /// A request body of `batch` messages: timestamped records, or the document of
+    /// --message-file.
+    pub fn body_template(&self, batch: usize) -> crate::payload::BodyTemplate {
+        match &self.message {
+            Some(doc) => crate::payload::BodyTemplate::document(doc, batch, self.json),
+            None => crate::payload::BodyTemplate::new(self.record_bytes, batch, self.json),
+        }
     }
 
     /// Path of bench stream `i`.
@@ -376,5 +413,38 @@ mod tests {
         assert!(workload(&["http://127.0.0.1:1", "--batch", "0"]).is_err());
         assert!(workload(&["http://127.0.0.1:1", "--rate", "-1"]).is_err());
         assert!(workload(&["http://127.0.0.1:1", "--streams", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_message_file_sets_the_message() {
+        let path =
+            std::env::temp_dir().join(format!("picomq-bench-message-{}.json", std::process::id()));
+        std::fs::write(&path, "{\"n\": 1}\n").unwrap();
+        let file = path.to_str().unwrap();
+        let w = workload(&["http://127.0.0.1:1", "--message-file", file, "--batch", "4"]).unwrap();
+        assert_eq!(w.message.as_deref(), Some(&b"{\"n\": 1}"[..]));
+        assert_eq!(w.record_bytes, 8);
+        assert_eq!(w.body_template(4).render(0).len(), 4 * 8 + 3 + 2);
+        // Not with flags it cannot honour, nor a non-JSON stream.
+        for extra in [
+            &["--record-bytes", "100"][..],
+            &["--content-type", "text/plain"],
+            &["--live", "sse"],
+            &["--catch-up", "5s"],
+            &["--workload", "create"],
+        ] {
+            let mut args = vec!["http://127.0.0.1:1", "--message-file", file];
+            args.extend_from_slice(extra);
+            assert!(workload(&args).is_err(), "{extra:?}");
+        }
+        std::fs::write(&path, "[{\"n\": 1}]").unwrap();
+        let e = workload(&["http://127.0.0.1:1", "--message-file", file]).unwrap_err();
+        assert!(e.to_string().contains("array"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        assert!(workload(&["http://127.0.0.1:1", "--message-file", file]).is_err());
+        // Without the flag, records as before.
+        let w = workload(&["http://127.0.0.1:1"]).unwrap();
+        assert!(w.message.is_none());
+        assert_eq!(w.record_bytes, 1024);
     }
 }

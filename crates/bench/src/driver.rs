@@ -476,7 +476,7 @@ pub async fn run_append(w: Workload, report: &mut Report) -> Result<(), BenchErr
             .collect::<Result<_, BenchError>>()?,
         ct: HeaderValue::from_str(&w.content_type)
             .map_err(|_| BenchError::Config("--content-type is not a valid header".into()))?,
-        template: BodyTemplate::new(w.record_bytes, w.batch, w.json),
+        template: w.body_template(w.batch),
         stats: stats.clone(),
         window: window.clone(),
         next_request: AtomicU64::new(0),

@@ -3,7 +3,12 @@
 //! streams, plain bytes otherwise, and found again by readers whatever framing the
 //! server puts around it (JSON array, SSE lines, base64), so end-to-end latency
 //! needs no knowledge of the server.
+//!
+//! With `--message-file`, every message is instead one fixed JSON document (e.g. one
+//! a stream's schema accepts); it carries no timestamp.
 
+use std::io::Read;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -66,6 +71,30 @@ impl BodyTemplate {
         }
     }
 
+    /// A request body with `batch` copies of `document` (checked by
+    /// [`check_document`]): a JSON array of them for JSON streams, concatenated
+    /// otherwise. Nothing in it changes per request.
+    pub fn document(document: &[u8], batch: usize, json: bool) -> BodyTemplate {
+        let mut bytes = Vec::with_capacity(batch * (document.len() + 1) + 2);
+        if json {
+            bytes.push(b'[');
+        }
+        for i in 0..batch {
+            if json && i > 0 {
+                bytes.push(b',');
+            }
+            bytes.extend_from_slice(document);
+        }
+        if json {
+            bytes.push(b']');
+        }
+        BodyTemplate {
+            bytes,
+            stamp_at: Vec::new(),
+            records: batch,
+        }
+    }
+
     pub fn records(&self) -> usize {
         self.records
     }
@@ -97,6 +126,45 @@ fn stamp_digits(at_us: u64) -> [u8; DIGITS] {
         v /= 10;
     }
     d
+}
+
+/// The largest document `--message-file` accepts.
+pub const DOCUMENT_BYTES_MAX: usize = 1 << 20;
+
+/// Reads the document of `--message-file` and checks it (see [`check_document`]).
+pub fn load_document(path: &Path) -> Result<Vec<u8>, String> {
+    let mut raw = Vec::new();
+    std::fs::File::open(path)
+        // Whitespace around the document is allowed, so read a little past the limit
+        // before judging; never the whole of a huge file.
+        .and_then(|f| f.take(2 * DOCUMENT_BYTES_MAX as u64).read_to_end(&mut raw))
+        .map_err(|e| format!("--message-file {}: {e}", path.display()))?;
+    check_document(&raw).map_err(|e| format!("--message-file {}: {e}", path.display()))
+}
+
+/// One JSON value to send as a message: not empty, at most [`DOCUMENT_BYTES_MAX`]
+/// bytes once the whitespace around it is trimmed, and not an array (a JSON stream
+/// stores an array's elements as separate messages). Returned as written, trimmed.
+pub fn check_document(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let text = raw.trim_ascii();
+    if text.is_empty() {
+        return Err("empty: it must hold one JSON document".into());
+    }
+    if text.len() > DOCUMENT_BYTES_MAX {
+        return Err(format!(
+            "the document is larger than {DOCUMENT_BYTES_MAX} bytes"
+        ));
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| format!("not one JSON document: {e}"))?;
+    if value.is_array() {
+        return Err(
+            "a JSON array: a JSON stream stores each element as its own message; \
+             put one message in the file (--batch sends several per request)"
+                .into(),
+        );
+    }
+    Ok(text.to_vec())
 }
 
 /// Calls `found(timestamp_us)` for every record in `data`; returns how many.
@@ -151,6 +219,45 @@ mod tests {
     fn raw_bodies_are_concatenated_records() {
         let t = BodyTemplate::new(64, 4, false);
         assert_eq!(t.render(0).len(), 256);
+    }
+
+    #[test]
+    fn document_bodies_repeat_the_document_unchanged() {
+        let doc = check_document(b" \n{\"a\": 1, \"b\": [\"x\"]}\n").unwrap();
+        assert_eq!(doc, b"{\"a\": 1, \"b\": [\"x\"]}");
+        let t = BodyTemplate::document(&doc, 3, true);
+        assert_eq!(t.records(), 3);
+        let body = t.render(42);
+        assert_eq!(body.len(), t.len());
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let items = v.as_array().unwrap();
+        assert_eq!(items.len(), 3);
+        for item in items {
+            assert_eq!(item, &serde_json::json!({"a": 1, "b": ["x"]}));
+        }
+        // One per request: still an array of one (the document's own message).
+        let one = BodyTemplate::document(&doc, 1, true).render(0);
+        assert_eq!(&one[..], b"[{\"a\": 1, \"b\": [\"x\"]}]");
+        let raw = BodyTemplate::document(&doc, 2, false).render(0);
+        assert_eq!(raw.len(), 2 * doc.len());
+        // No timestamp marker: readers find no records in it.
+        assert_eq!(scan(&body, |_| {}), 0);
+    }
+
+    #[test]
+    fn documents_that_are_not_one_message_are_refused() {
+        assert!(check_document(b"").is_err());
+        assert!(check_document(b" \n ").is_err());
+        assert!(check_document(b"{\"a\":").is_err());
+        assert!(check_document(b"{} {}").is_err());
+        assert!(check_document(b"[{\"a\":1}]").is_err());
+        let big = format!("\"{}\"", "x".repeat(DOCUMENT_BYTES_MAX));
+        assert!(check_document(big.as_bytes()).is_err());
+        assert!(check_document(b"\"just a string\"").is_ok());
+        let dir = std::env::temp_dir().join(format!("picomq-bench-doc-{}", std::process::id()));
+        assert!(load_document(&dir.join("missing.json"))
+            .unwrap_err()
+            .starts_with("--message-file "));
     }
 
     #[test]
