@@ -87,6 +87,7 @@ impl Cli {
             child,
             stdout,
             lines: Vec::new(),
+            args: args.join(" "),
         }
     }
 }
@@ -96,32 +97,50 @@ pub struct Follower {
     pub child: Child,
     stdout: BufReader<ChildStdout>,
     pub lines: Vec<String>,
+    /// The command line, to name this follower in a failure.
+    args: String,
 }
 
 impl Follower {
     /// Reads stdout until `count` lines in total have arrived; panics after `limit`.
     pub async fn wait_for_lines(&mut self, count: usize, limit: Duration) {
+        if let Err(e) = self.try_wait_for_lines(count, limit).await {
+            panic!("{e}");
+        }
+    }
+
+    /// [`Follower::wait_for_lines`] that says what went wrong (with the follower's
+    /// stderr so far) instead of panicking, so a test can add the server's log.
+    pub async fn try_wait_for_lines(
+        &mut self,
+        count: usize,
+        limit: Duration,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         while self.lines.len() < count {
             let mut line = String::new();
             let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.stdout.read_line(&mut line)).await {
-                Ok(Ok(0)) => panic!(
-                    "tail ended after {} of {count} lines: {}",
-                    self.lines.len(),
-                    self.stderr().await
-                ),
-                Ok(Ok(_)) => self
-                    .lines
-                    .push(line.strip_suffix('\n').unwrap_or(&line).to_string()),
-                Ok(Err(e)) => panic!("reading tail output: {e}"),
-                Err(_) => panic!(
-                    "tail printed {} of {count} lines within {limit:?}; last: {:?}",
+            let failure = match tokio::time::timeout(left, self.stdout.read_line(&mut line)).await {
+                Ok(Ok(0)) => format!("ended after {} of {count} lines", self.lines.len()),
+                Ok(Ok(_)) => {
+                    self.lines
+                        .push(line.strip_suffix('\n').unwrap_or(&line).to_string());
+                    continue;
+                }
+                Ok(Err(e)) => format!("output unreadable: {e}"),
+                Err(_) => format!(
+                    "printed {} of {count} lines within {limit:?}; last: {:?}",
                     self.lines.len(),
                     self.lines.last()
                 ),
-            }
+            };
+            let stderr = self.stderr().await;
+            return Err(format!(
+                "picomq {}: {failure}; stderr:\n{stderr}",
+                self.args
+            ));
         }
+        Ok(())
     }
 
     /// Waits (bounded) for the process to exit; returns its exit code and reads the
@@ -143,15 +162,23 @@ impl Follower {
         status.code().unwrap_or(-1)
     }
 
+    /// What the follower wrote to stderr, waiting at most a second for more (it may
+    /// still be running).
     async fn stderr(&mut self) -> String {
-        let mut err = String::new();
+        let mut err = Vec::new();
         if let Some(mut e) = self.child.stderr.take() {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                tokio::io::AsyncReadExt::read_to_string(&mut e, &mut err),
-            )
-            .await;
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let mut buf = [0u8; 4096];
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, tokio::io::AsyncReadExt::read(&mut e, &mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) if n > 0 => err.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
         }
-        err
+        String::from_utf8_lossy(&err).into_owned()
     }
 }

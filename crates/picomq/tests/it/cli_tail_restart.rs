@@ -49,11 +49,20 @@ async fn tail_follow_survives_restarts_without_loss_or_repeats() {
         input.flush().await.unwrap();
         expected.extend(lines);
         // Both followers have everything so far: the records are durable and read.
-        long_poll
-            .wait_for_lines(expected.len(), Duration::from_secs(30))
-            .await;
-        sse.wait_for_lines(expected.len(), Duration::from_secs(30))
-            .await;
+        for tail in [&mut long_poll, &mut sse] {
+            if let Err(e) = tail
+                .try_wait_for_lines(expected.len(), Duration::from_secs(30))
+                .await
+            {
+                let log = server.log_text();
+                let mut from = log.len().saturating_sub(8000);
+                while !log.is_char_boundary(from) {
+                    from += 1;
+                }
+                let tail = &log[from..];
+                panic!("round {round}: {e}\nend of the server log:\n{tail}");
+            }
+        }
         match round {
             0 => server.restart().await, // SIGKILL
             1 => {
