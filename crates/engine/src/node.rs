@@ -527,6 +527,13 @@ impl Engine {
         }
     }
 
+    /// The node's object store, rooted at its prefix: for features that keep
+    /// their own objects there (Iceberg tables, under `tables/`), which the
+    /// engine's garbage collection never touches.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.node.store.clone()
+    }
+
     /// Per-store request counters (one entry per `store` label).
     pub fn store_stats(&self) -> &[Arc<StoreStats>] {
         &self.node.store_stats

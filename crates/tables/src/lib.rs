@@ -7,7 +7,9 @@
 //! docs/tables.md describes the layout and the guarantees.
 
 pub mod avro;
+pub mod catalog;
 pub mod commit;
+pub mod exporter;
 pub mod manifest;
 pub mod metadata;
 pub mod parquet;

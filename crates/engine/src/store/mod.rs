@@ -157,6 +157,41 @@ pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
     Ok(Arc::new(routed::RoutedStore::new(files()?, Arc::new(log))))
 }
 
+/// What a reader of files in this store needs to know besides credentials, as
+/// Iceberg FileIO properties (`s3.endpoint`, `s3.region`, path-style access):
+/// what the Iceberg catalog hands out. Never keys: readers bring their own.
+pub fn reader_settings(raw: &str) -> std::collections::BTreeMap<String, String> {
+    use object_store::aws::AmazonS3ConfigKey;
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(url) = url::Url::parse(raw) else {
+        return out;
+    };
+    if url.scheme() != "s3" {
+        return out;
+    }
+    let (mut endpoint, mut region, mut virtual_hosted) = (None, None, None);
+    for (k, v) in env_pairs("AWS_").into_iter().chain(query_pairs(&url)) {
+        match k.parse::<AmazonS3ConfigKey>() {
+            Ok(AmazonS3ConfigKey::Endpoint) => endpoint = Some(v),
+            Ok(AmazonS3ConfigKey::Region) => region = Some(v),
+            Ok(AmazonS3ConfigKey::VirtualHostedStyleRequest) => virtual_hosted = Some(v),
+            _ => {}
+        }
+    }
+    // Without a region readers look the bucket's up at AWS.
+    out.insert(
+        "s3.region".into(),
+        region.unwrap_or_else(|| "us-east-1".into()),
+    );
+    if let Some(e) = endpoint {
+        out.insert("s3.endpoint".into(), e);
+        // A custom endpoint is path-style unless told otherwise.
+        let path_style = virtual_hosted.is_none_or(|v| !v.eq_ignore_ascii_case("true"));
+        out.insert("s3.path-style-access".into(), path_style.to_string());
+    }
+    out
+}
+
 /// The client's own retries stay short: the WAL retries a failing upload forever
 /// (with its own backoff and store-down detection), and a read should fail in
 /// seconds, not minutes, when the store is down.

@@ -1,0 +1,688 @@
+//! The exporter: for each table, every `commitInterval`, reads what its source
+//! streams gained since the table's current snapshot, writes it as Parquet data
+//! files and commits a snapshot that records where each stream now stands.
+//!
+//! Exactly once: a snapshot's summary holds, per stream, the sequence number the
+//! next export starts at, and a commit becomes visible only when the table's
+//! pointer moves from the snapshot it was built on ([`catalog::advance`]). A crash
+//! at any point leaves either the old pointer (the round is redone from the old
+//! offsets; its files are orphans) or the new one (the next round starts where it
+//! ends). In a cluster each table's rounds run on the member holding its job lease.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use picomq_engine::stream::Seek;
+use picomq_engine::{Engine, EngineError, RecordExt, StreamName};
+use serde::Serialize;
+
+use crate::catalog::{self, CommitRow, Entry, Source, TableId};
+use crate::commit::{commit, create, manifests_path, Append};
+use crate::manifest::{DataFile, ManifestFile};
+use crate::metadata::{PartitionField, PartitionSpec, Schema, TableMetadata};
+use crate::parquet::{write, Column, Datum, Field, Kind};
+use crate::partition::{of_timestamp, parse, PartField, PartValue, Transform};
+
+/// Summary key: per stream, the id of the stream the offsets belong to (a stream
+/// deleted and created again under the same name starts over).
+pub const STREAM_IDS_KEY: &str = "picomq.stream-ids";
+/// Bytes of column data after which a data file is written out.
+const FILE_BYTES: usize = 64 << 20;
+/// Source bytes one round reads at most (the rest waits for the next round).
+const ROUND_BYTES: u64 = 1 << 30;
+/// Bytes one read asks for.
+const READ_BYTES: usize = 4 << 20;
+/// Streams one table may be fed by.
+pub const STREAMS_MAX: usize = 10_000;
+/// How often the exporter looks for tables that are due.
+const TICK: Duration = Duration::from_millis(500);
+
+/// The columns every table has, in this order (ids 1-9).
+pub fn base_fields() -> Vec<Field> {
+    let f = |id, name: &str, kind, required| Field {
+        id,
+        name: name.into(),
+        kind,
+        required,
+    };
+    vec![
+        f(1, "stream", Kind::String, true),
+        f(2, "seq", Kind::Long, true),
+        f(3, "offset", Kind::String, true),
+        f(4, "timestamp", Kind::TimestampTz, true),
+        f(5, "client_timestamp", Kind::TimestampTz, false),
+        f(6, "key", Kind::Binary, false),
+        f(7, "headers", Kind::String, false),
+        f(8, "body", Kind::String, false),
+        f(9, "body_binary", Kind::Binary, false),
+    ]
+}
+
+/// What the exporter last did for a table (for `GET`, `/metrics` and the console).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    pub last_round_ms: Option<u64>,
+    pub last_commit_ms: Option<u64>,
+    pub last_error: Option<String>,
+    pub records_exported: u64,
+    pub bytes_exported: u64,
+    pub files_written: u64,
+    pub commits: u64,
+    /// Object-store requests the exporter made (PUTs, GETs).
+    pub puts: u64,
+    pub gets: u64,
+    /// Records below a stream's retained start when the table reached them.
+    pub records_skipped: u64,
+}
+
+/// A table's metadata and its live manifests, as one commit left them.
+pub type Loaded = Arc<(TableMetadata, Vec<ManifestFile>)>;
+
+pub struct Exporter {
+    engine: Engine,
+    status: Mutex<BTreeMap<TableId, Status>>,
+    /// Metadata and live manifests by metadata path: each is read once.
+    loaded: Mutex<HashMap<String, Loaded>>,
+    /// Rounds started, by table: when each is due again.
+    due: Mutex<HashMap<TableId, Instant>>,
+    /// The tables as last read, and the registry generation they were read at.
+    tables: tokio::sync::Mutex<Option<(u64, BTreeMap<TableId, Entry>)>>,
+}
+
+impl Exporter {
+    pub fn new(engine: Engine) -> Arc<Exporter> {
+        Arc::new(Exporter {
+            engine,
+            status: Mutex::new(BTreeMap::new()),
+            loaded: Mutex::new(HashMap::new()),
+            due: Mutex::new(HashMap::new()),
+            tables: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn status(&self, id: &TableId) -> Status {
+        self.status
+            .lock()
+            .expect("status lock")
+            .get(id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn all_status(&self) -> BTreeMap<TableId, Status> {
+        self.status.lock().expect("status lock").clone()
+    }
+
+    /// The table's location as a URI (what Iceberg metadata names).
+    pub fn uri(&self, relative: &str) -> String {
+        format!(
+            "{}/{}",
+            self.engine.config().store_name.trim_end_matches('/'),
+            relative
+        )
+    }
+
+    fn relative<'a>(&self, uri: &'a str) -> Result<&'a str, EngineError> {
+        let base = self.engine.config().store_name.trim_end_matches('/');
+        uri.strip_prefix(base)
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(|| EngineError::Internal(format!("{uri} is not in this store ({base})")))
+    }
+
+    /// Runs rounds for every due table until `stop` resolves.
+    pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            let tables = match self.tables().await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the exporter could not list the tables");
+                    continue;
+                }
+            };
+            {
+                let mut status = self.status.lock().expect("status lock");
+                status.retain(|id, _| tables.contains_key(id));
+                self.due
+                    .lock()
+                    .expect("due lock")
+                    .retain(|id, _| tables.contains_key(id));
+            }
+            for (id, entry) in tables {
+                let interval = entry
+                    .row
+                    .definition
+                    .interval()
+                    .unwrap_or(catalog::DEFAULT_INTERVAL);
+                let due = self.due.lock().expect("due lock").get(&id).copied();
+                if due.is_some_and(|d| d > Instant::now()) {
+                    continue;
+                }
+                if !picomq_engine::cluster::holds_job(
+                    self.engine.cluster().map(|c| &**c),
+                    &id.job(),
+                    interval,
+                )
+                .await
+                {
+                    continue;
+                }
+                self.due
+                    .lock()
+                    .expect("due lock")
+                    .insert(id.clone(), Instant::now() + interval);
+                let outcome = self.round(&entry).await;
+                let now = self.engine.clock().now_ms();
+                let mut status = self.status.lock().expect("status lock");
+                let s = status.entry(id.clone()).or_default();
+                s.last_round_ms = Some(now);
+                match outcome {
+                    Ok(()) => s.last_error = None,
+                    Err(e) => {
+                        tracing::warn!(table = %id, error = %e, "table export round failed");
+                        s.last_error = Some(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every table, read again only when the registry rows changed.
+    pub async fn tables(&self) -> Result<BTreeMap<TableId, Entry>, EngineError> {
+        let mut cached = self.tables.lock().await;
+        let generation = self.engine.registry_generation().await?;
+        if let Some((g, t)) = &*cached {
+            if *g == generation {
+                return Ok(t.clone());
+            }
+        }
+        let t = catalog::tables(&self.engine).await?;
+        *cached = Some((generation, t.clone()));
+        Ok(t)
+    }
+
+    fn count(&self, id: &TableId, f: impl FnOnce(&mut Status)) {
+        let mut status = self.status.lock().expect("status lock");
+        f(status.entry(id.clone()).or_default());
+    }
+
+    async fn put(
+        &self,
+        id: &TableId,
+        store: &dyn ObjectStore,
+        uri: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), EngineError> {
+        let path = ObjectPath::from(self.relative(uri)?);
+        store
+            .put(&path, PutPayload::from(Bytes::from(bytes)))
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("writing {uri}: {e}")))?;
+        self.count(id, |s| s.puts += 1);
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        id: &TableId,
+        store: &dyn ObjectStore,
+        uri: &str,
+    ) -> Result<Bytes, EngineError> {
+        let path = ObjectPath::from(self.relative(uri)?);
+        let got = store
+            .get(&path)
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("reading {uri}: {e}")))?;
+        self.count(id, |s| s.gets += 1);
+        got.bytes()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("reading {uri}: {e}")))
+    }
+
+    /// The table's metadata and live manifests at its current commit.
+    pub async fn load(
+        &self,
+        id: &TableId,
+        metadata_uri: &str,
+    ) -> Result<Arc<(TableMetadata, Vec<ManifestFile>)>, EngineError> {
+        if let Some(hit) = self.loaded.lock().expect("cache lock").get(metadata_uri) {
+            return Ok(hit.clone());
+        }
+        let store = self.engine.store();
+        let bytes = self.get(id, &*store, metadata_uri).await?;
+        let meta: TableMetadata = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Internal(format!("{metadata_uri}: {e}")))?;
+        let manifests = match meta.current_snapshot() {
+            None => Vec::new(),
+            Some(s) => {
+                let path = manifests_path(&s.manifest_list);
+                let bytes = self.get(id, &*store, &path).await?;
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| EngineError::Internal(format!("{path}: {e}")))?
+            }
+        };
+        let loaded = Arc::new((meta, manifests));
+        let mut cache = self.loaded.lock().expect("cache lock");
+        if cache.len() > 256 {
+            cache.clear();
+        }
+        cache.insert(metadata_uri.to_string(), loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The partition fields of the table's definition over `fields`.
+    fn partition(entry: &Entry, fields: &[Field]) -> Result<Vec<PartField>, EngineError> {
+        entry
+            .row
+            .definition
+            .partition_by
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                parse(p, fields, 1000 + i as i32)
+                    .map_err(|e| EngineError::bad_request(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Creates the table's first metadata (no snapshot) and points at it.
+    async fn create(&self, entry: &Entry) -> Result<(), EngineError> {
+        let fields = base_fields();
+        let parts = Self::partition(entry, &fields)?;
+        let spec = PartitionSpec {
+            spec_id: 0,
+            fields: parts
+                .iter()
+                .map(|p| PartitionField {
+                    source_id: p.source_id,
+                    field_id: p.field_id,
+                    name: p.name.clone(),
+                    transform: p.transform.name().into(),
+                })
+                .collect(),
+        };
+        let mut meta = TableMetadata::new(
+            &self.uri(&entry.row.location),
+            Schema::new(0, &fields),
+            spec,
+            self.engine.clock().now_ms() as i64,
+        );
+        meta.table_uuid = entry.row.uuid.clone();
+        let (path, bytes) = create(&meta);
+        self.put(&entry.id, &*self.engine.store(), &path, bytes)
+            .await?;
+        let row = CommitRow {
+            metadata: self.relative(&path)?.to_string(),
+            at_ms: self.engine.clock().now_ms(),
+        };
+        catalog::advance(&self.engine, &entry.id, &entry.row.uuid, None, row).await?;
+        Ok(())
+    }
+
+    /// One round for one table.
+    pub async fn round(&self, entry: &Entry) -> Result<(), EngineError> {
+        let Some((n, current)) = &entry.commit else {
+            return self.create(entry).await;
+        };
+        let meta_uri = self.uri(&current.metadata);
+        let loaded = self.load(&entry.id, &meta_uri).await?;
+        let (meta, live) = (&loaded.0, &loaded.1);
+        let schema = meta
+            .current_schema()
+            .ok_or_else(|| EngineError::Internal(format!("{meta_uri}: no current schema")))?;
+        let fields = schema
+            .fields()
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let parts = Self::partition(entry, &fields)?;
+        let mut offsets = meta
+            .offsets()
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut ids: BTreeMap<String, u64> = meta
+            .current_snapshot()
+            .and_then(|s| s.summary.get(STREAM_IDS_KEY))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        let streams = self.resolve(&entry.row.definition.sources()).await?;
+        let store = self.engine.store();
+        let mut files = Vec::new();
+        let mut builders: BTreeMap<Vec<Option<PartValue>>, Builder> = BTreeMap::new();
+        let mut budget = ROUND_BYTES;
+        let mut records = 0u64;
+        let mut skipped = 0u64;
+        for name in streams {
+            if budget == 0 {
+                break;
+            }
+            let Ok(sname) =
+                StreamName::new(name.clone(), self.engine.config().stream_name_bytes_max)
+            else {
+                continue;
+            };
+            let sref = match self.engine.stream(&sname).await {
+                Ok(s) => s,
+                Err(EngineError::NotFound | EngineError::Gone) => continue,
+                Err(e) => return Err(e),
+            };
+            let info = sref.info();
+            let mut next = if ids.get(&name) == Some(&info.id) {
+                offsets.get(&name).copied().unwrap_or(0)
+            } else {
+                0
+            };
+            let end = sref.handle.view().tail_seq;
+            if next >= end {
+                ids.insert(name.clone(), info.id);
+                offsets.insert(name.clone(), next.max(end));
+                continue;
+            }
+            let mut from = match self.engine.bookmarked(&sref, next).await? {
+                Some(o) => o,
+                None => {
+                    let at = self.engine.seek(&sref, Seek::Seq(next)).await?;
+                    if at.seq > next {
+                        skipped += at.seq - next;
+                        next = at.seq;
+                    }
+                    at.offset
+                }
+            };
+            'read: while next < end && budget > 0 {
+                let chunk = self.engine.read(&sref, from, READ_BYTES).await?;
+                if chunk.segments.is_empty() {
+                    break;
+                }
+                let mut pos = from;
+                for (data, rm) in chunk.segments.iter().zip(&chunk.meta) {
+                    if rm.seq >= end {
+                        break 'read;
+                    }
+                    let start = pos;
+                    pos = pos.advance(data.len() as u64);
+                    if rm.seq < next {
+                        continue;
+                    }
+                    let row = Row::of(
+                        &name,
+                        rm.seq,
+                        &start.to_string(),
+                        rm.ts_ms,
+                        rm.ext.as_ref(),
+                        data,
+                    );
+                    let key: Vec<Option<PartValue>> =
+                        parts.iter().map(|p| row.partition(p)).collect();
+                    let b = builders
+                        .entry(key.clone())
+                        .or_insert_with(|| Builder::new(&fields));
+                    b.push(&row)?;
+                    budget = budget.saturating_sub(data.len() as u64);
+                    records += 1;
+                    next = rm.seq + 1;
+                    if b.bytes() >= FILE_BYTES {
+                        let b = builders.remove(&key).expect("just used");
+                        files.push(self.flush(entry, &fields, key, b, &*store).await?);
+                    }
+                }
+                from = chunk.next;
+                if chunk.up_to_date {
+                    break;
+                }
+            }
+            self.engine.bookmark(&sref, next, from);
+            ids.insert(name.clone(), info.id);
+            offsets.insert(name, next);
+        }
+        for (key, b) in std::mem::take(&mut builders) {
+            files.push(self.flush(entry, &fields, key, b, &*store).await?);
+        }
+        self.count(&entry.id, |s| s.records_skipped += skipped);
+        if files.is_empty() {
+            return Ok(());
+        }
+        let bytes: u64 = files.iter().map(|f| f.size).sum();
+        let n_files = files.len() as u64;
+        let mut c = commit(
+            meta,
+            &meta_uri,
+            live,
+            &parts,
+            Append {
+                files,
+                offsets,
+                replaces: Vec::new(),
+            },
+            self.engine.clock().now_ms() as i64,
+        )
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let snapshot = c
+            .metadata
+            .current_snapshot_id
+            .expect("a snapshot was added");
+        // The stream ids ride in the same summary, written before the metadata.
+        if let Some(s) = c
+            .metadata
+            .snapshots
+            .iter_mut()
+            .find(|s| s.snapshot_id == snapshot)
+        {
+            s.summary.insert(
+                STREAM_IDS_KEY.into(),
+                serde_json::to_string(&ids).expect("ids serialize"),
+            );
+        }
+        let last = c.objects.len() - 1;
+        c.objects[last].1 = serde_json::to_vec(&c.metadata).expect("metadata serializes");
+        for (uri, bytes) in std::mem::take(&mut c.objects) {
+            self.put(&entry.id, &*store, &uri, bytes).await?;
+        }
+        picomq_engine::failpoint::hit("tables::before_advance");
+        let row = CommitRow {
+            metadata: self.relative(&c.metadata_path)?.to_string(),
+            at_ms: self.engine.clock().now_ms(),
+        };
+        if !catalog::advance(&self.engine, &entry.id, &entry.row.uuid, Some(*n), row).await? {
+            return Err(EngineError::Conflict(
+                "the table moved while this round ran; it starts again from there".into(),
+            ));
+        }
+        self.loaded
+            .lock()
+            .expect("cache lock")
+            .insert(c.metadata_path.clone(), Arc::new((c.metadata, c.manifests)));
+        self.count(&entry.id, |s| {
+            s.records_exported += records;
+            s.bytes_exported += bytes;
+            s.files_written += n_files;
+            s.commits += 1;
+            s.last_commit_ms = Some(self.engine.clock().now_ms());
+        });
+        Ok(())
+    }
+
+    async fn flush(
+        &self,
+        entry: &Entry,
+        fields: &[Field],
+        partition: Vec<Option<PartValue>>,
+        b: Builder,
+        store: &dyn ObjectStore,
+    ) -> Result<DataFile, EngineError> {
+        let records = b.rows as u64;
+        let (bytes, columns) =
+            write(fields, &b.columns).map_err(|e| EngineError::Internal(e.to_string()))?;
+        let dir: Vec<String> = partition
+            .iter()
+            .map(|p| p.as_ref().map_or("null".into(), PartValue::segment))
+            .collect();
+        let uri = format!(
+            "{}/data/{}{}{}.parquet",
+            self.uri(&entry.row.location),
+            dir.join("/"),
+            if dir.is_empty() { "" } else { "/" },
+            uuid::Uuid::new_v4()
+        );
+        let size = bytes.len() as u64;
+        self.put(&entry.id, store, &uri, bytes).await?;
+        Ok(DataFile {
+            path: uri,
+            partition,
+            records,
+            size,
+            columns,
+        })
+    }
+
+    /// The live streams the sources name, in name order, at most [`STREAMS_MAX`].
+    pub async fn resolve(&self, sources: &[Source]) -> Result<Vec<String>, EngineError> {
+        let mut names = std::collections::BTreeSet::new();
+        for s in sources {
+            match s {
+                Source::Exact(n) => {
+                    names.insert(n.clone());
+                }
+                Source::Prefix(p) => {
+                    let mut after = String::new();
+                    loop {
+                        let page = self.engine.list(p, &after, 1000).await?;
+                        for info in page.streams {
+                            if s.matches(&info.name) {
+                                names.insert(info.name);
+                            }
+                        }
+                        match page.next {
+                            Some(n) if names.len() < STREAMS_MAX => after = n,
+                            _ => break,
+                        }
+                    }
+                }
+            }
+            if names.len() >= STREAMS_MAX {
+                break;
+            }
+        }
+        Ok(names.into_iter().take(STREAMS_MAX).collect())
+    }
+}
+
+/// One record as a table row.
+struct Row<'a> {
+    stream: &'a str,
+    seq: u64,
+    offset: String,
+    ts_micros: i64,
+    client_micros: Option<i64>,
+    key: Option<Bytes>,
+    headers: Option<String>,
+    body: &'a [u8],
+    text: bool,
+}
+
+impl<'a> Row<'a> {
+    fn of(
+        stream: &'a str,
+        seq: u64,
+        offset: &str,
+        ts_ms: u64,
+        ext: Option<&Bytes>,
+        data: &'a Bytes,
+    ) -> Row<'a> {
+        let ext = ext
+            .and_then(|e| RecordExt::decode(e).ok())
+            .unwrap_or_default();
+        let body: &[u8] = if ext.null_value || ext.empty_value {
+            &[]
+        } else {
+            data
+        };
+        let headers = (!ext.headers.is_empty()).then(|| {
+            let pairs: Vec<serde_json::Value> = ext
+                .headers
+                .iter()
+                .map(|(n, v)| match std::str::from_utf8(v) {
+                    Ok(s) => serde_json::json!([n, s]),
+                    Err(_) => {
+                        use base64::Engine as _;
+                        serde_json::json!([n, {"base64": base64::engine::general_purpose::STANDARD.encode(v)}])
+                    }
+                })
+                .collect();
+            serde_json::Value::Array(pairs).to_string()
+        });
+        Row {
+            stream,
+            seq,
+            offset: offset.to_string(),
+            ts_micros: ts_ms as i64 * 1000,
+            client_micros: ext.client_ts_ms.map(|t| t as i64 * 1000),
+            key: ext.key,
+            headers,
+            text: !ext.null_value && std::str::from_utf8(body).is_ok(),
+            body,
+        }
+    }
+
+    fn partition(&self, p: &PartField) -> Option<PartValue> {
+        match (p.source_id, p.transform) {
+            (1, Transform::Identity) => Some(PartValue::String(self.stream.to_string())),
+            (2, Transform::Identity) => Some(PartValue::Long(self.seq as i64)),
+            (4, t) => Some(of_timestamp(t, self.ts_micros)),
+            (5, t) => self.client_micros.map(|m| of_timestamp(t, m)),
+            _ => None,
+        }
+    }
+}
+
+/// The columns of one data file being built.
+struct Builder {
+    columns: Vec<Column>,
+    rows: usize,
+}
+
+impl Builder {
+    fn new(fields: &[Field]) -> Builder {
+        Builder {
+            columns: fields.iter().map(|f| Column::new(f.kind)).collect(),
+            rows: 0,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.columns.iter().map(Column::bytes).sum()
+    }
+
+    fn push(&mut self, r: &Row<'_>) -> Result<(), EngineError> {
+        let c = &mut self.columns;
+        let e = |e: crate::Error| EngineError::Internal(e.to_string());
+        c[0].push(Datum::Bytes(r.stream.as_bytes())).map_err(e)?;
+        c[1].push(Datum::Long(r.seq as i64)).map_err(e)?;
+        c[2].push(Datum::Bytes(r.offset.as_bytes())).map_err(e)?;
+        c[3].push(Datum::Long(r.ts_micros)).map_err(e)?;
+        c[4].push(r.client_micros.map_or(Datum::Null, Datum::Long))
+            .map_err(e)?;
+        c[5].push(r.key.as_deref().map_or(Datum::Null, Datum::Bytes))
+            .map_err(e)?;
+        c[6].push(
+            r.headers
+                .as_deref()
+                .map_or(Datum::Null, |h| Datum::Bytes(h.as_bytes())),
+        )
+        .map_err(e)?;
+        if r.text {
+            c[7].push(Datum::Bytes(r.body)).map_err(e)?;
+            c[8].push(Datum::Null).map_err(e)?;
+        } else {
+            c[7].push(Datum::Null).map_err(e)?;
+            c[8].push(Datum::Bytes(r.body)).map_err(e)?;
+        }
+        self.rows += 1;
+        Ok(())
+    }
+}
