@@ -80,6 +80,9 @@ pub struct AppState {
     pub tls: bool,
     /// The schema registry (`/__picomq/schemas/`, stream bindings).
     pub registry: Arc<picomq_registry::Registry>,
+    /// Iceberg tables: the exporter and what the catalog serves.
+    pub tables: Arc<picomq_tables::exporter::Exporter>,
+    pub iceberg_io: std::collections::BTreeMap<String, String>,
 }
 
 impl AppState {

@@ -24,6 +24,7 @@ pub mod retention;
 pub mod schemas;
 pub mod server;
 pub mod subscriptions;
+pub mod tables;
 pub mod tokens;
 
 use std::convert::Infallible;
@@ -88,6 +89,9 @@ pub struct HttpConfig {
     /// The schema registry, if the node opened it already (before its Kafka
     /// listener, so no append is ever unchecked); opened here otherwise.
     pub registry: Option<Arc<picomq_registry::Registry>>,
+    /// What the Iceberg catalog tells readers about the store (FileIO properties
+    /// such as `s3.endpoint`; no secrets unless the operator put them here).
+    pub iceberg_io: std::collections::BTreeMap<String, String>,
 }
 
 /// How a cluster member's edge routes.
@@ -117,6 +121,7 @@ impl Default for HttpConfig {
             public_url: None,
             tls: false,
             registry: None,
+            iceberg_io: Default::default(),
         }
     }
 }
@@ -153,6 +158,9 @@ pub const API_ROUTES: &[&str] = &[
     positions::PATH,
     schemas::PATH,
     schemas::ITEM_PATH,
+    tables::PATH,
+    tables::ITEM_PATH,
+    tables::ICEBERG_PATH,
     console::PATH,
     console::INDEX_PATH,
     console::FILE_PATH,
@@ -240,6 +248,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         Some(r) => r.clone(),
         None => open_registry(&engine),
     };
+    let tables = picomq_tables::exporter::Exporter::new(engine.clone());
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,
@@ -269,8 +278,12 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         public_url: config.public_url,
         tls: config.tls,
         registry,
+        tables: tables.clone(),
+        iceberg_io: config.iceberg_io,
     });
     tokio::spawn(consumers.subscriptions.clone().run(Duration::from_secs(1)));
+    let stop = state.shutdown.clone();
+    tokio::spawn(async move { tables.run(stop.fired()).await });
     let mut admin = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -306,6 +319,9 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
     .route(positions::PATH, any(positions::handle))
     .route(schemas::PATH, any(schemas::handle))
     .route(schemas::ITEM_PATH, any(schemas::handle))
+    .route(tables::PATH, any(tables::handle))
+    .route(tables::ITEM_PATH, any(tables::handle))
+    .route(tables::ICEBERG_PATH, any(tables::iceberg))
     .route(cluster::peers::TAILS_PATH, post(cluster::peers::tails))
     .checked()
     .fallback(ds::handle);

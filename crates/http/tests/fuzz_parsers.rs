@@ -275,8 +275,26 @@ async fn router_never_panics_or_fails_on_garbage() {
     let mut by_status = std::collections::BTreeMap::<u16, u64>::new();
     while Instant::now() < deadline || sent < 300 {
         let method = methods[rng.below(methods.len())].clone();
-        let path = match rng.below(4) {
+        let path = match rng.below(6) {
             0 => format!("/__picomq/{}", input(&mut rng)),
+            // Tables and the Iceberg catalog, whose names and bodies are parsed.
+            4 => format!(
+                "/__picomq/tables/{}/{}",
+                rng.pick(&["ns", "a-b_c", ""]),
+                input(&mut rng)
+            ),
+            5 => {
+                format!(
+                    "/__picomq/iceberg/v1/{}",
+                    rng.pick(&[
+                        "config",
+                        "namespaces",
+                        "namespaces/ns",
+                        "namespaces/ns/tables",
+                        "namespaces/ns/tables/",
+                    ])
+                ) + &input(&mut rng)
+            }
             1 => format!("/f/{}", rng.below(5)),
             _ => format!("/{}", input(&mut rng)),
         };
@@ -304,6 +322,14 @@ async fn router_never_panics_or_fails_on_garbage() {
         }
         let body = if rng.below(5) == 0 {
             "[1,2]".to_string()
+        } else if rng.below(3) == 0 {
+            // A table definition with fuzzed fields.
+            format!(
+                r#"{{"source":"{}","commitInterval":"{}","partitionBy":["{}"]}}"#,
+                input(&mut rng),
+                rng.pick(&["1s", "0s", "", "1h", "x"]),
+                input(&mut rng)
+            )
         } else {
             input(&mut rng)
         };

@@ -400,6 +400,9 @@ impl Incarnation {
             }
             tracing::info!(node_id = %cluster.config.node_id, advertise = %cluster.config.advertise, route = %config.route, "cluster member");
         }
+        if http.iceberg_io.is_empty() {
+            http.iceberg_io = picomq_engine::store::reader_settings(&config.store_url()?);
+        }
         // Before any listener: no append is taken before the registry checks it.
         let registry = picomq_http::open_registry(&engine);
         registry.ready().await;

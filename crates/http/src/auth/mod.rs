@@ -153,6 +153,13 @@ impl Token {
             .any(|(ops, p)| ops.has(op) && matches!(p, Pattern::Prefix(s) if s.is_empty()))
     }
 
+    /// May do `op` on every name `pattern` matches (a scope's pattern covers it).
+    pub fn covers(&self, op: Op, pattern: &Pattern) -> bool {
+        self.absolute
+            .iter()
+            .any(|(ops, p)| ops.has(op) && p.covers(pattern))
+    }
+
     /// Holds `op` on some pattern (for node-wide operations).
     pub fn has_op(&self, op: Op) -> bool {
         self.absolute.iter().any(|(ops, _)| ops.has(op))

@@ -30,10 +30,13 @@ pub enum Op {
     /// Register, delete and configure schemas in the registry (on subjects the
     /// pattern matches: `schemas:orders-*`).
     Schemas = 256,
+    /// Define and drop Iceberg tables fed by the streams the pattern matches
+    /// (with read on them too: a table exports what it is fed).
+    Tables = 512,
 }
 
 impl Op {
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 10] = [
         Op::Create,
         Op::Append,
         Op::Read,
@@ -43,6 +46,7 @@ impl Op {
         Op::Subscribe,
         Op::Claim,
         Op::Schemas,
+        Op::Tables,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Op {
             Op::Subscribe => "subscribe",
             Op::Claim => "claim",
             Op::Schemas => "schemas",
+            Op::Tables => "tables",
         }
     }
 }
@@ -66,7 +71,7 @@ pub struct Ops(u16);
 
 impl Ops {
     pub fn all() -> Ops {
-        Ops(511)
+        Ops(1023)
     }
     pub fn has(self, op: Op) -> bool {
         self.0 & op as u16 != 0
@@ -276,7 +281,7 @@ pub struct Scope {
 
 impl Scope {
     /// `OPS:PATTERN`, OPS a comma-separated list of create, append, read, delete,
-    /// admin, tokens, subscribe, claim, schemas, or `all`. `PATTERN` defaults to `**` when
+    /// admin, tokens, subscribe, claim, schemas, tables, or `all`. `PATTERN` defaults to `**` when
     /// `:PATTERN` is left out.
     pub fn parse(text: &str) -> Result<Scope, String> {
         let text = text.trim();
@@ -288,7 +293,7 @@ impl Scope {
                 w => {
                     let op = Op::ALL.into_iter().find(|op| op.name() == w).ok_or_else(|| {
                         format!(
-                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens, subscribe, claim, schemas or all)"
+                            "scope {text:?}: unknown operation {w:?} (use create, append, read, delete, admin, tokens, subscribe, claim, schemas, tables or all)"
                         )
                     })?;
                     ops.with(op)

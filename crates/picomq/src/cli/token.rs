@@ -41,7 +41,7 @@ fn seconds(s: &str) -> Result<u64, String> {
 #[derive(Args)]
 pub struct CreateArgs {
     /// OPS:PATTERN, repeatable. OPS: create, append, read, delete, admin, tokens,
-    /// subscribe, claim, schemas or all, comma-separated; PATTERN: a stream name, a prefix (`orders/**`) or a glob
+    /// subscribe, claim, schemas, tables or all, comma-separated; PATTERN: a stream name, a prefix (`orders/**`) or a glob
     /// (`orders/*/events`). Example: --scope read,append:orders/**
     #[arg(long = "scope", required = true, value_name = "OPS:PATTERN")]
     pub scopes: Vec<String>,

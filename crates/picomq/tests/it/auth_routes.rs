@@ -47,6 +47,9 @@ enum Setup {
     Consumers,
     /// The stream, and the subject `{N}-value` registered (an Avro `"string"`).
     Schema,
+    /// The stream, and the Iceberg table `ns.{N}` fed by it, with its first
+    /// metadata written.
+    Table,
 }
 
 /// How a successful answer looks.
@@ -80,6 +83,7 @@ const READ: Needs = Needs::Grants(&[("read", "m/**")]);
 const SUBSCRIBE_PATH: (&str, &str) = ("subscribe", "__ds/subscriptions/**");
 const ADMIN: Needs = Needs::Grants(&[("admin", "**")]);
 const SCHEMAS: Needs = Needs::Either(&[("schemas", "**"), ("admin", "**")]);
+const TABLES: Needs = Needs::Grants(&[("tables", "m/**"), ("read", "m/**")]);
 
 fn rows() -> Vec<Row> {
     let row = |route, method, path, headers, body, needs, setup, ok| Row {
@@ -95,9 +99,72 @@ fn rows() -> Vec<Row> {
     let s = Setup::Stream;
     let c = Setup::Consumers;
     let sr = Setup::Schema;
+    let t = Setup::Table;
     let registry = picomq_http::schemas::ITEM_PATH;
     const STRING: &str = r#"{"schema":"\"string\""}"#;
     vec![
+        // Iceberg tables: defining and dropping one needs tables and read on its
+        // sources; seeing one (and its data through the catalog) needs read.
+        row(
+            picomq_http::tables::PATH,
+            HttpMethod::GET,
+            "/__picomq/tables",
+            &[],
+            "",
+            READ,
+            t,
+            Ok::Lists,
+        ),
+        row(
+            picomq_http::tables::ITEM_PATH,
+            HttpMethod::PUT,
+            "/__picomq/tables/ns/{N}",
+            JSON,
+            r#"{"source":"{S}","commitInterval":"1s"}"#,
+            TABLES,
+            s,
+            Ok::Status(201),
+        ),
+        row(
+            picomq_http::tables::ITEM_PATH,
+            HttpMethod::GET,
+            "/__picomq/tables/ns/{N}",
+            &[],
+            "",
+            READ,
+            t,
+            Ok::Status(200),
+        ),
+        row(
+            picomq_http::tables::ITEM_PATH,
+            HttpMethod::DELETE,
+            "/__picomq/tables/ns/{N}",
+            &[],
+            "",
+            TABLES,
+            t,
+            Ok::Status(204),
+        ),
+        row(
+            picomq_http::tables::ICEBERG_PATH,
+            HttpMethod::GET,
+            "/__picomq/iceberg/v1/config",
+            &[],
+            "",
+            Needs::Nothing,
+            s,
+            Ok::Status(200),
+        ),
+        row(
+            picomq_http::tables::ICEBERG_PATH,
+            HttpMethod::GET,
+            "/__picomq/iceberg/v1/namespaces/ns/tables/{N}",
+            &[],
+            "",
+            READ,
+            t,
+            Ok::Status(200),
+        ),
         // The schema registry: reads need read (on anything), writes the schemas
         // scope or admin; a stream's binding is read with read and set with create.
         row(
@@ -811,6 +878,18 @@ async fn fingerprint(s: &Server, stream: &str, n: &str) -> String {
         let r = admin(s, HttpMethod::GET, &path, Value::Null).await;
         out.push_str(&format!("{path} {} {}\n", r.status.as_u16(), r.text()));
     }
+    // The tables as defined (what the exporter writes moves on by itself).
+    let r = admin(s, HttpMethod::GET, "/__picomq/tables", Value::Null).await;
+    let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    let defined: Vec<Value> = v["tables"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .map(|t| json!([t["namespace"], t["table"], t["definition"], t["uuid"]]))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&format!("tables {}\n", Value::Array(defined)));
     let r = admin(s, HttpMethod::GET, "/__picomq/tokens", Value::Null).await;
     let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
     out.push_str(&format!(
@@ -849,6 +928,37 @@ async fn set_up(c: &Ctx, setup: Setup, stream: &str, n: &str) {
         )
         .await;
         assert!(r.status.is_success(), "{}", r.text());
+    }
+    if setup == Setup::Table {
+        let r = admin(
+            s,
+            HttpMethod::PUT,
+            &format!("/__picomq/tables/ns/{n}"),
+            json!({"source": stream, "commitInterval": "1s"}),
+        )
+        .await;
+        assert!(r.status.is_success(), "{}", r.text());
+        // The catalog serves a table once its first metadata is written.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let r = admin(
+                s,
+                HttpMethod::GET,
+                &format!("/__picomq/tables/ns/{n}"),
+                Value::Null,
+            )
+            .await;
+            let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            if !v["metadataLocation"].is_null() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "table ns.{n} got no metadata: {}",
+                r.text()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
     if setup == Setup::Consumers {
         let calls = [
@@ -997,6 +1107,7 @@ async fn check_row(c: &Ctx, n: usize, row: &Row) {
                 "subscribe",
                 "claim",
                 "schemas",
+                "tables",
             ]
             .into_iter()
             .filter(|o| !alternatives.iter().any(|(ops, _)| ops == o))
@@ -1047,6 +1158,7 @@ async fn check_row(c: &Ctx, n: usize, row: &Row) {
                     "tokens",
                     "subscribe",
                     "claim",
+                    "tables",
                 ]
                 .into_iter()
                 .filter(|o| !ops.split(',').any(|x| x == *o))
