@@ -206,6 +206,16 @@ def test_http_records_through_pyiceberg_and_duckdb():
             raise AssertionError("a missing table loaded")
         except Exception as e:
             check("NoSuchTable" in type(e).__name__, repr(e))
+        # /metrics: the lag, what was exported and what it cost.
+        status, text = srv.http("GET", "/metrics")
+        metrics = {}
+        for line in text.decode().splitlines():
+            if line.startswith("picomq_table_") and 'table="analytics.orders"' in line:
+                name, value = line.rsplit(" ", 1)
+                metrics[name] = float(value)
+        check(metrics.get('picomq_table_lag_records{table="analytics.orders"}') == 0, metrics)
+        check(metrics.get('picomq_table_records_exported_total{table="analytics.orders"}') == 602, metrics)
+        check(metrics.get('picomq_table_store_requests_per_mib{table="analytics.orders"}', 0) > 0, metrics)
         # Later appends come in later snapshots.
         before = table.current_snapshot().snapshot_id
         append_json(srv, "orders/eu", ['{"late":1}'])

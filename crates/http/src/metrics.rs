@@ -33,6 +33,7 @@ pub async fn metrics(
     }
     picomq_engine::metrics::Source::export(&*app.consumers.subscriptions, &mut out);
     app.consumers.groups.export(&mut out).await;
+    app.tables.export(&mut out);
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

@@ -77,6 +77,44 @@ pub struct Status {
     pub gets: u64,
     /// Records below a stream's retained start when the table reached them.
     pub records_skipped: u64,
+    /// Records appended to the sources and not in the table, at the end of the
+    /// last round.
+    pub lag_records: u64,
+    /// The server timestamp of the oldest of them (what the lag in seconds is
+    /// measured from, so it grows while rounds fail).
+    pub oldest_unexported_ms: Option<u64>,
+    /// Bytes of records read from the sources.
+    pub source_bytes_read: u64,
+}
+
+/// Streams whose oldest unexported record a round looks up (the rest count in
+/// the records, not the seconds).
+const LAG_SEEKS_MAX: usize = 100;
+
+/// What a round leaves unexported.
+#[derive(Default)]
+struct Lag {
+    records: u64,
+    oldest_ms: Option<u64>,
+    seeks: usize,
+}
+
+impl Lag {
+    async fn observe(&mut self, x: &Exporter, sref: &picomq_engine::StreamRef, next: u64) {
+        let tail = sref.handle.view().tail_seq;
+        if tail <= next {
+            return;
+        }
+        self.records += tail - next;
+        if self.seeks < LAG_SEEKS_MAX {
+            self.seeks += 1;
+            if let Ok(at) = x.engine.seek(sref, Seek::Seq(next)).await {
+                if let Some(ts) = at.ts_ms {
+                    self.oldest_ms = Some(self.oldest_ms.map_or(ts, |o| o.min(ts)));
+                }
+            }
+        }
+    }
 }
 
 /// A table's metadata and its live manifests, as one commit left them.
@@ -357,6 +395,7 @@ impl Exporter {
         let mut budget = ROUND_BYTES;
         let mut records = 0u64;
         let mut skipped = 0u64;
+        let mut lag = Lag::default();
         for name in streams {
             if budget == 0 {
                 break;
@@ -381,6 +420,7 @@ impl Exporter {
             if next >= end {
                 ids.insert(name.clone(), info.id);
                 offsets.insert(name.clone(), next.max(end));
+                lag.observe(self, &sref, next).await;
                 continue;
             }
             let mut from = match self.engine.bookmarked(&sref, next).await? {
@@ -401,10 +441,12 @@ impl Exporter {
                 }
                 let mut pos = from;
                 for (data, rm) in chunk.segments.iter().zip(&chunk.meta) {
+                    let start = pos;
                     if rm.seq >= end {
+                        // The next round starts here.
+                        from = start;
                         break 'read;
                     }
-                    let start = pos;
                     pos = pos.advance(data.len() as u64);
                     if rm.seq < next {
                         continue;
@@ -439,11 +481,17 @@ impl Exporter {
             self.engine.bookmark(&sref, next, from);
             ids.insert(name.clone(), info.id);
             offsets.insert(name, next);
+            lag.observe(self, &sref, next).await;
         }
         for (key, b) in std::mem::take(&mut builders) {
             files.push(self.flush(entry, &fields, key, b, &*store).await?);
         }
-        self.count(&entry.id, |s| s.records_skipped += skipped);
+        self.count(&entry.id, |s| {
+            s.records_skipped += skipped;
+            s.lag_records = lag.records;
+            s.oldest_unexported_ms = lag.oldest_ms;
+            s.source_bytes_read += ROUND_BYTES - budget;
+        });
         if files.is_empty() {
             return Ok(());
         }
@@ -684,5 +732,84 @@ impl Builder {
         }
         self.rows += 1;
         Ok(())
+    }
+}
+
+use picomq_engine::metrics::{Desc, Exposition};
+
+static LAG_RECORDS: Desc = Desc::gauge(
+    "picomq_table_lag_records",
+    "Records in a table's source streams not yet in the table (at its last round).",
+);
+static LAG_SECONDS: Desc = Desc::gauge(
+    "picomq_table_lag_seconds",
+    "Age of the oldest record not yet in the table (0 when none is behind).",
+);
+static EXPORTED_RECORDS: Desc = Desc::counter(
+    "picomq_table_records_exported_total",
+    "Records committed to a table since this node started exporting it.",
+);
+static EXPORTED_BYTES: Desc = Desc::counter(
+    "picomq_table_source_bytes_read_total",
+    "Bytes of source records the exporter read for a table.",
+);
+static FILE_BYTES_WRITTEN: Desc = Desc::counter(
+    "picomq_table_file_bytes_written_total",
+    "Bytes of Parquet data files written for a table.",
+);
+static COMMITS: Desc = Desc::counter(
+    "picomq_table_commits_total",
+    "Snapshots committed to a table.",
+);
+static REQUESTS: Desc = Desc::counter(
+    "picomq_table_store_requests_total",
+    "Object-store requests of a table's exporter, by kind (put, get).",
+);
+static REQUESTS_PER_MIB: Desc = Desc::gauge(
+    "picomq_table_store_requests_per_mib",
+    "Object-store requests (PUTs and GETs) per MiB of source records exported: the export's cost line.",
+);
+static ROUND_FAILING: Desc = Desc::gauge(
+    "picomq_table_round_failing",
+    "1 while a table's last export round failed.",
+);
+
+impl Exporter {
+    /// The tables this node exports, for `/metrics`.
+    pub fn export(&self, out: &mut Exposition) {
+        let now = self.engine.clock().now_ms();
+        for (id, s) in self.all_status() {
+            let name = id.to_string();
+            let labels = [("table", name.as_str())];
+            out.value(&LAG_RECORDS, &labels, s.lag_records as f64);
+            let lag_ms = match s.oldest_unexported_ms {
+                Some(t) if s.lag_records > 0 => now.saturating_sub(t),
+                _ => 0,
+            };
+            out.value(&LAG_SECONDS, &labels, lag_ms as f64 / 1000.0);
+            out.value(&EXPORTED_RECORDS, &labels, s.records_exported as f64);
+            out.value(&EXPORTED_BYTES, &labels, s.source_bytes_read as f64);
+            out.value(&FILE_BYTES_WRITTEN, &labels, s.bytes_exported as f64);
+            out.value(&COMMITS, &labels, s.commits as f64);
+            out.value(
+                &REQUESTS,
+                &[("table", name.as_str()), ("kind", "put")],
+                s.puts as f64,
+            );
+            out.value(
+                &REQUESTS,
+                &[("table", name.as_str()), ("kind", "get")],
+                s.gets as f64,
+            );
+            let mib = s.source_bytes_read as f64 / (1024.0 * 1024.0);
+            if mib > 0.0 {
+                out.value(&REQUESTS_PER_MIB, &labels, (s.puts + s.gets) as f64 / mib);
+            }
+            out.value(
+                &ROUND_FAILING,
+                &labels,
+                if s.last_error.is_some() { 1.0 } else { 0.0 },
+            );
+        }
     }
 }
