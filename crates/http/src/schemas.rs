@@ -105,16 +105,12 @@ struct Caller<'a> {
 
 impl Caller<'_> {
     fn token(&self) -> Result<Option<Arc<crate::auth::Token>>, RegistryError> {
-        if self.app.auth.is_none() {
-            return Ok(None);
-        }
-        match &self.principal {
-            None => Err(from_api(crate::auth::Auth::missing())),
-            Some(Principal::Token(t)) => Ok(Some(t.clone())),
-            Some(_) => Err(from_api(crate::auth::forbidden(
-                "the schema registry needs an access token",
-            ))),
-        }
+        crate::auth::token_of(
+            self.app.auth.is_some(),
+            self.principal.as_ref(),
+            "the schema registry",
+        )
+        .map_err(from_api)
     }
 
     /// Reading: a token that may read something (or register schemas).

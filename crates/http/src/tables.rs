@@ -40,14 +40,7 @@ struct Caller<'a> {
 
 impl Caller<'_> {
     fn token(&self) -> Result<Option<Arc<crate::auth::Token>>, ApiError> {
-        if self.app.auth.is_none() {
-            return Ok(None);
-        }
-        match &self.principal {
-            None => Err(crate::auth::Auth::missing()),
-            Some(Principal::Token(t)) => Ok(Some(t.clone())),
-            Some(_) => Err(crate::auth::forbidden("tables need an access token")),
-        }
+        crate::auth::token_of(self.app.auth.is_some(), self.principal.as_ref(), "tables")
     }
 
     fn patterns(definition: &Definition) -> Vec<Pattern> {

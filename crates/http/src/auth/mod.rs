@@ -234,6 +234,25 @@ pub(crate) fn unauthorized(code: &'static str, message: impl Into<String>) -> Ap
         .with_header("www-authenticate", challenge)
 }
 
+/// The caller's access token, for node-wide surfaces that take nothing else
+/// (the schema registry, tables): `None` with auth off; 401 without a
+/// credential; 403 for a credential that is not a token (a signed read link),
+/// saying that `what` needs one.
+pub fn token_of(
+    auth_on: bool,
+    principal: Option<&Principal>,
+    what: &str,
+) -> Result<Option<Arc<Token>>, ApiError> {
+    if !auth_on {
+        return Ok(None);
+    }
+    match principal {
+        None => Err(Auth::missing()),
+        Some(Principal::Token(t)) => Ok(Some(t.clone())),
+        Some(_) => Err(forbidden(format!("{what} needs an access token"))),
+    }
+}
+
 pub fn forbidden(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
 }
