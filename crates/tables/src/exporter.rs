@@ -408,6 +408,9 @@ impl Exporter {
             let sref = match self.engine.stream(&sname).await {
                 Ok(s) => s,
                 Err(EngineError::NotFound | EngineError::Gone) => continue,
+                // In a cluster, another member's stream: its offset stays where the
+                // table has it (docs/tables.md, "Not yet").
+                Err(EngineError::NotOwner) => continue,
                 Err(e) => return Err(e),
             };
             let info = sref.info();
