@@ -238,6 +238,8 @@ def test_bad_definitions_are_refused():
             ({"source": "a", "partitionBy": ["week(timestamp)"]}, "transform"),
             ({"source": "a", "partitionBy": ["day(body)"]}, "column"),
             ({"source": "a", "extra": 1}, "unknown field"),
+            ({"source": "a", "schemaSubject": "a-value"}, "typed columns are not built yet"),
+            ({"source": "a", "trimSource": True}, "trimming is not built yet"),
         ]:
             status, out = srv.http("PUT", "/__picomq/tables/ns/t", body)
             check(status == 400, f"{what}: {status} {out!r}")
