@@ -149,7 +149,9 @@ impl State {
                     }
                     Err(_) => false,
                 },
-                _ => false,
+                // Rows other features keep beside the registry's (Iceberg tables'
+                // definitions and commits) are theirs to read.
+                _ => continue,
             };
             if !ok {
                 tracing::warn!(table = %table, key = %key, "skipping a registry row that does not parse");
