@@ -231,7 +231,11 @@ pub struct Entry {
 
 /// Every table, read from the metadata.
 pub async fn tables(engine: &Engine) -> Result<BTreeMap<TableId, Entry>, EngineError> {
-    let rows = engine.registry_rows().await?;
+    Ok(tables_of(&engine.registry_rows().await?))
+}
+
+/// The tables that registry rows describe.
+fn tables_of(rows: &[(String, String, String)]) -> BTreeMap<TableId, Entry> {
     let mut out: BTreeMap<TableId, Entry> = BTreeMap::new();
     let mut commits: Vec<(TableId, String, u64, CommitRow)> = Vec::new();
     for (tbl, key, value) in rows {
@@ -243,7 +247,7 @@ pub async fn tables(engine: &Engine) -> Result<BTreeMap<TableId, Entry>, EngineE
             continue;
         };
         if tbl == TABLES {
-            match serde_json::from_str::<TableRow>(&value) {
+            match serde_json::from_str::<TableRow>(value) {
                 Ok(row) => {
                     out.insert(
                         id.clone(),
@@ -263,7 +267,7 @@ pub async fn tables(engine: &Engine) -> Result<BTreeMap<TableId, Entry>, EngineE
             else {
                 continue;
             };
-            if let Ok(c) = serde_json::from_str::<CommitRow>(&value) {
+            if let Ok(c) = serde_json::from_str::<CommitRow>(value) {
                 commits.push((id, uuid.to_string(), n, c));
             }
         }
@@ -275,7 +279,7 @@ pub async fn tables(engine: &Engine) -> Result<BTreeMap<TableId, Entry>, EngineE
             }
         }
     }
-    Ok(out)
+    out
 }
 
 fn commit_key(id: &TableId, uuid: &str, n: u64) -> String {
@@ -329,7 +333,7 @@ pub async fn put(
 pub async fn delete(engine: &Engine, id: &TableId) -> Result<Option<TableRow>, EngineError> {
     let _lock = engine.registry_lock().await?;
     let rows = engine.registry_rows().await?;
-    let Some(e) = tables(engine).await?.remove(id) else {
+    let Some(e) = tables_of(&rows).remove(id) else {
         return Ok(None);
     };
     let prefix = format!("{}{SEP}", id.key());
@@ -408,6 +412,46 @@ mod tests {
         for bad in ["", "a/*/b", "a?", "a/**/b/**"] {
             assert!(Source::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_table_points_at_its_latest_commit_of_its_own_uuid() {
+        let id = TableId::new("ns", "t").unwrap();
+        let row = TableRow {
+            definition: serde_json::from_str(r#"{"source":"a"}"#).unwrap(),
+            uuid: "u2".into(),
+            location: "tables/ns/t/u2".into(),
+            created_ms: 1,
+        };
+        let commit = |uuid: &str, n: u64| {
+            let c = CommitRow {
+                metadata: format!("m-{uuid}-{n}"),
+                at_ms: n,
+            };
+            (
+                COMMITS.to_string(),
+                commit_key(&id, uuid, n),
+                serde_json::to_string(&c).unwrap(),
+            )
+        };
+        let rows = vec![
+            (
+                TABLES.to_string(),
+                id.key(),
+                serde_json::to_string(&row).unwrap(),
+            ),
+            commit("u2", 0),
+            commit("u2", 2),
+            commit("u2", 1),
+            // A table of the same name dropped before: its commits are not these.
+            commit("u1", 9),
+            ("iceberg.tables".into(), "bad".into(), "{}".into()),
+            ("schema".into(), "1".into(), "{}".into()),
+        ];
+        let tables = tables_of(&rows);
+        assert_eq!(tables.len(), 1);
+        let (n, c) = tables[&id].commit.clone().unwrap();
+        assert_eq!((n, c.metadata.as_str()), (2, "m-u2-2"));
     }
 
     #[test]
