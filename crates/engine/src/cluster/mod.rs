@@ -127,6 +127,13 @@ pub enum StreamAdmin {
     Discard {
         stream: String,
     },
+    /// Reads records from number `seq` on, about `bytes` of them (a table's
+    /// export reading a stream another member serves): `Service::read_seq`.
+    Read {
+        stream: String,
+        seq: u64,
+        bytes: usize,
+    },
 }
 
 impl StreamAdmin {
@@ -138,7 +145,8 @@ impl StreamAdmin {
             | StreamAdmin::Info { stream }
             | StreamAdmin::SetRetention { stream, .. }
             | StreamAdmin::Publish { stream, .. }
-            | StreamAdmin::Discard { stream } => stream,
+            | StreamAdmin::Discard { stream }
+            | StreamAdmin::Read { stream, .. } => stream,
         }
     }
 }
@@ -153,6 +161,9 @@ pub struct StreamAdminAnswer {
     /// Records a publish appended (0 for a repeat).
     #[serde(default)]
     pub published: u64,
+    /// What a read found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read: Option<crate::stream::seek::SeqBatch>,
 }
 
 /// Who leads a slot for Kafka clients: the member that owns it, as last read.

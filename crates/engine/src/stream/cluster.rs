@@ -456,6 +456,7 @@ impl Service {
             retention_secs: info.retention_secs,
             created,
             published: 0,
+            read: None,
         };
         match op {
             StreamAdmin::Create {
@@ -511,6 +512,15 @@ impl Service {
                     Err(e) => return Err(e),
                 }
                 Ok(StreamAdminAnswer::default())
+            }
+            StreamAdmin::Read { seq, bytes, .. } => {
+                let stream = self.stream(&name).await?;
+                let batch = self.read_seq(&stream, *seq, *bytes).await?;
+                Ok(StreamAdminAnswer {
+                    id: batch.stream_id,
+                    read: Some(batch),
+                    ..StreamAdminAnswer::default()
+                })
             }
         }
     }

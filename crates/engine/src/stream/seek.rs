@@ -211,3 +211,133 @@ impl Service {
         Ok(best)
     }
 }
+
+/// Bytes one [`Service::read_seq`] returns at most.
+pub const READ_SEQ_BYTES_MAX: usize = 8 << 20;
+
+/// Records of a stream from a sequence number on ([`Service::read_seq`]); also
+/// the wire form a member answers another with (bodies in base64).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SeqBatch {
+    /// The stream's id (a stream deleted and made again under its name has a new
+    /// one).
+    pub stream_id: u64,
+    /// The next sequence number the stream will give.
+    pub tail_seq: u64,
+    /// The first record at or after the one asked for: above it when those were
+    /// trimmed (the tail's number when there is none).
+    pub first_seq: u64,
+    pub records: Vec<SeqRecord>,
+}
+
+/// One record of a [`SeqBatch`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SeqRecord {
+    pub seq: u64,
+    pub ts_ms: u64,
+    /// Where it starts, as a Durable Streams offset.
+    pub offset: String,
+    /// Its encoded `RecordExt`, if any.
+    #[serde(default, with = "b64_opt", skip_serializing_if = "Option::is_none")]
+    pub ext: Option<bytes::Bytes>,
+    #[serde(with = "b64")]
+    pub data: bytes::Bytes,
+}
+
+mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &bytes::Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<bytes::Bytes, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map(bytes::Bytes::from)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+mod b64_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &Option<bytes::Bytes>, s: S) -> Result<S::Ok, S::Error> {
+        match b {
+            Some(b) => super::b64::serialize(b, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bytes::Bytes>, D::Error> {
+        #[derive(Deserialize)]
+        struct W(#[serde(with = "super::b64")] bytes::Bytes);
+        Ok(Option::<W>::deserialize(d)?.map(|w| w.0))
+    }
+}
+
+impl Service {
+    /// The durable records of `stream` from number `seq` on, about `max_bytes` of
+    /// them (at least one when there is one), stopping at the tail as it was when
+    /// called. A reader that goes on from the last record's successor starts
+    /// without a seek ([`Service::bookmark`]).
+    pub async fn read_seq(
+        &self,
+        stream: &StreamRef,
+        seq: u64,
+        max_bytes: usize,
+    ) -> Result<SeqBatch> {
+        let end = stream.handle.view().tail_seq;
+        let mut batch = SeqBatch {
+            stream_id: stream.handle.config.id,
+            tail_seq: end,
+            first_seq: seq.min(end),
+            records: Vec::new(),
+        };
+        if seq >= end {
+            return Ok(batch);
+        }
+        let from = match self.bookmarked(stream, seq).await? {
+            Some(o) => o,
+            None => {
+                let at = self.seek(stream, Seek::Seq(seq)).await?;
+                batch.first_seq = at.seq;
+                if at.seq >= end {
+                    return Ok(batch);
+                }
+                at.offset
+            }
+        };
+        let chunk = self
+            .read(stream, from, max_bytes.clamp(1, READ_SEQ_BYTES_MAX))
+            .await?;
+        let mut pos = from;
+        let mut next = None;
+        for (data, meta) in chunk.segments.iter().zip(&chunk.meta) {
+            let start = pos;
+            pos = pos.advance(data.len() as u64);
+            if meta.seq >= end {
+                next = Some((meta.seq, start));
+                break;
+            }
+            // A read from inside a JSON batch starts at the batch.
+            if meta.seq < seq {
+                continue;
+            }
+            batch.records.push(SeqRecord {
+                seq: meta.seq,
+                ts_ms: meta.ts_ms,
+                offset: start.to_string(),
+                ext: meta.ext.clone(),
+                data: data.clone(),
+            });
+        }
+        if let Some(last) = batch.records.last() {
+            let (seq, at) = next.unwrap_or((last.seq + 1, chunk.next));
+            self.bookmark(stream, seq, at);
+        }
+        Ok(batch)
+    }
+}
