@@ -503,6 +503,58 @@ pub fn check_datum(schema: &Schema, datum: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// A decoded Avro value (ints and longs as `Long`, floats and doubles as
+/// `Double`, an enum as its symbol, a union as its branch's value).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Datum {
+    Null,
+    Boolean(bool),
+    Long(i64),
+    Double(f64),
+    Bytes(Vec<u8>),
+    String(String),
+    Array(Vec<Datum>),
+    Map(Vec<(String, Datum)>),
+    Record(Vec<(String, Datum)>),
+}
+
+impl Datum {
+    /// Its JSON form (bytes as base64 text).
+    pub fn to_json(&self) -> Value {
+        use base64::Engine as _;
+        match self {
+            Datum::Null => Value::Null,
+            Datum::Boolean(b) => Value::Bool(*b),
+            Datum::Long(n) => Value::from(*n),
+            Datum::Double(d) => serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number),
+            Datum::Bytes(b) => Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
+            Datum::String(s) => Value::String(s.clone()),
+            Datum::Array(items) => Value::Array(items.iter().map(Datum::to_json).collect()),
+            Datum::Map(pairs) | Datum::Record(pairs) => Value::Object(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// Decodes `datum`, exactly one value of `schema` in Avro's binary encoding.
+pub fn decode_datum(schema: &Schema, datum: &[u8]) -> Result<Datum, String> {
+    let mut d = Decoder {
+        schema,
+        bytes: datum,
+        at: 0,
+        budget: 1_000_000 + datum.len() as u64,
+    };
+    let v = d.decode(&schema.root, 0)?;
+    if d.at != datum.len() {
+        return Err(format!("{} bytes left after the value", datum.len() - d.at));
+    }
+    Ok(v)
+}
+
 struct Decoder<'a> {
     schema: &'a Schema,
     bytes: &'a [u8],
@@ -619,6 +671,92 @@ impl Decoder<'_> {
             },
         }
         Ok(())
+    }
+
+    /// [`Decoder::value`], keeping what it reads.
+    fn decode(&mut self, node: &Node, depth: usize) -> Result<Datum, String> {
+        if depth > DATUM_DEPTH_MAX {
+            return Err(format!("nested deeper than {DATUM_DEPTH_MAX}"));
+        }
+        self.step()?;
+        Ok(match node {
+            Node::Null => Datum::Null,
+            Node::Boolean => match self.take(1)?[0] {
+                0 => Datum::Boolean(false),
+                1 => Datum::Boolean(true),
+                b => return Err(format!("{b} is not a boolean")),
+            },
+            Node::Int => Datum::Long(self.int()?),
+            Node::Long => Datum::Long(self.varint(10)?),
+            Node::Float => {
+                let b = self.take(4)?;
+                Datum::Double(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            }
+            Node::Double => {
+                let b = self.take(8)?;
+                let mut a = [0u8; 8];
+                a.copy_from_slice(b);
+                Datum::Double(f64::from_le_bytes(a))
+            }
+            Node::Bytes => {
+                let n = self.length()?;
+                Datum::Bytes(self.take(n)?.to_vec())
+            }
+            Node::String => {
+                let n = self.length()?;
+                let s = self.take(n)?;
+                Datum::String(
+                    std::str::from_utf8(s)
+                        .map_err(|e| format!("a string that is not UTF-8: {e}"))?
+                        .to_string(),
+                )
+            }
+            Node::Array(items) => {
+                let mut out = Vec::new();
+                self.blocks(|d| {
+                    out.push(d.decode(items, depth + 1)?);
+                    Ok(())
+                })?;
+                Datum::Array(out)
+            }
+            Node::Map(values) => {
+                let mut out = Vec::new();
+                self.blocks(|d| {
+                    let Datum::String(k) = d.decode(&Node::String, depth + 1)? else {
+                        unreachable!("a string decodes as a string")
+                    };
+                    out.push((k, d.decode(values, depth + 1)?));
+                    Ok(())
+                })?;
+                Datum::Map(out)
+            }
+            Node::Union(branches) => {
+                let i = self.varint(10)?;
+                let b = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| branches.get(i))
+                    .ok_or_else(|| format!("union branch {i} of {}", branches.len()))?;
+                self.decode(b, depth + 1)?
+            }
+            Node::Named(i) => match &self.schema.named[*i].kind {
+                NamedKind::Fixed(n) => Datum::Bytes(self.take(*n)?.to_vec()),
+                NamedKind::Enum { symbols, .. } => {
+                    let s = self.int()?;
+                    let sym = usize::try_from(s)
+                        .ok()
+                        .and_then(|s| symbols.get(s))
+                        .ok_or_else(|| format!("enum symbol {s} of {}", symbols.len()))?;
+                    Datum::String(sym.clone())
+                }
+                NamedKind::Record(fields) => {
+                    let mut out = Vec::with_capacity(fields.len());
+                    for f in fields {
+                        out.push((f.name.clone(), self.decode(&f.node, depth + 1)?));
+                    }
+                    Datum::Record(out)
+                }
+            },
+        })
     }
 
     /// Array and map blocks: a count (negative: followed by the block's size in

@@ -4,6 +4,7 @@
 //! them, and so do the append paths that validate what they store.
 
 pub mod avro;
+pub mod columns;
 pub mod compat;
 pub mod json;
 pub mod parsed;
