@@ -238,7 +238,8 @@ def test_bad_definitions_are_refused():
             ({"source": "a", "partitionBy": ["week(timestamp)"]}, "transform"),
             ({"source": "a", "partitionBy": ["day(body)"]}, "column"),
             ({"source": "a", "extra": 1}, "unknown field"),
-            ({"source": "a", "schemaSubject": "a-value"}, "typed columns are not built yet"),
+            ({"source": "a", "schemaSubject": ""}, "empty subject"),
+            ({"source": "a", "schemaSubject": "a\x01b"}, "control character in subject"),
             ({"source": "a", "trimSource": True}, "trimming is not built yet"),
         ]:
             status, out = srv.http("PUT", "/__picomq/tables/ns/t", body)
@@ -303,9 +304,118 @@ def test_kill9_during_export_keeps_every_record_once():
         srv.stop()
 
 
+def wait_for(what, cond, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_typed_columns_follow_the_registry():
+    """A table with a schemaSubject: JSON over HTTP and Avro over Kafka (the
+    Confluent serializer, through the Kafka listener) land in typed columns; a
+    new version of the subject becomes a new Iceberg schema, with field ids kept
+    for what did not change."""
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    kport = free_port()
+    srv = Server("--kafka-listen", f"127.0.0.1:{kport}")
+    try:
+        sr = SchemaRegistryClient({"url": srv.url + "/__picomq/schemas"})
+        # JSON documents over HTTP, typed by a JSON Schema.
+        sr.set_compatibility(subject_name="orders-value", level="NONE")
+        v1 = {"type": "object", "properties": {
+            "id": {"type": "integer"}, "price": {"type": "number"}, "name": {"type": "string"},
+            "tags": {"type": "array"}}}
+        sr.register_schema("orders-value", Schema(json.dumps(v1), "JSON"))
+        srv.ok("PUT", "/orders", headers={"content-type": "application/json"})
+        srv.ok("PUT", "/__picomq/tables/typed/orders",
+               {"source": "orders", "schemaSubject": "orders-value", "commitInterval": "1s"})
+        first = [{"id": i, "price": i + 0.5, "name": f"n{i}", "tags": ["a", i]} for i in range(10)]
+        srv.ok("POST", "/orders", first)
+        wait_exported(srv, "typed/orders")
+        table, arrow, _ = table_rows(srv, "typed.orders")
+        types = {f.name: str(f.type) for f in arrow.schema}
+        check(types["id"] == "int64" and types["price"] == "double"
+              and types["name"] in ("string", "large_string"), types)
+        rows = sorted(arrow.select(["id", "price", "name", "tags"]).to_pylist(), key=lambda r: r["id"])
+        check([{**r, "tags": json.loads(r["tags"])} for r in rows] == first, rows)
+        ids_before = {f.name: f.field_id for f in table.schema().fields}
+        schemas_before = len(table.schemas())
+        # v2: qty added, price now text, tags gone. The new schema shows up
+        # before any record written with it.
+        v2 = {"type": "object", "properties": {
+            "id": {"type": "integer"}, "price": {"type": "string"}, "name": {"type": "string"},
+            "qty": {"type": "integer"}}}
+        sr.register_schema("orders-value", Schema(json.dumps(v2), "JSON"))
+        table = wait_for("the new Iceberg schema", lambda: (
+            lambda t: t if len(t.schemas()) > schemas_before else None)(
+                catalog(srv).load_table("typed.orders")))
+        ids = {f.name: f.field_id for f in table.schema().fields}
+        check(ids["id"] == ids_before["id"] and ids["name"] == ids_before["name"], (ids_before, ids))
+        check(ids["price"] != ids_before["price"] and "qty" in ids and "tags" not in ids,
+              (ids_before, ids))
+        second = [{"id": 10 + i, "price": "cheap", "name": f"m{i}", "qty": i} for i in range(5)]
+        srv.ok("POST", "/orders", second)
+        wait_exported(srv, "typed/orders")
+        _, arrow, _ = table_rows(srv, "typed.orders")
+        types = {f.name: str(f.type) for f in arrow.schema}
+        check(types["qty"] == "int64" and types["price"] in ("string", "large_string"), types)
+        rows = sorted(arrow.select(["id", "price", "name", "qty"]).to_pylist(), key=lambda r: r["id"])
+        want = [{"id": r["id"], "price": None, "name": r["name"], "qty": None} for r in first] + second
+        check(rows == want, rows)
+
+        # Avro over Kafka: the Confluent serializer's framing, keys kept.
+        srv.ok("PUT", "/payments", headers={"content-type": "application/octet-stream"})
+        av = json.dumps({"type": "record", "name": "Payment", "fields": [
+            {"name": "id", "type": "long"}, {"name": "amount", "type": "double"},
+            {"name": "note", "type": ["null", "string"], "default": None},
+            {"name": "ok", "type": "boolean"}, {"name": "seq", "type": "int"}]})
+        sr.register_schema("payments-value", Schema(av, "AVRO"))
+        srv.ok("PUT", "/__picomq/tables/typed/payments",
+               {"source": "payments", "schemaSubject": "payments-value", "commitInterval": "1s"})
+        ser = AvroSerializer(sr, av, conf={"auto.register.schemas": False})
+        ctx = SerializationContext("payments", MessageField.VALUE)
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{kport}", "acks": "all"})
+        pays = [{"id": i, "amount": i * 1.25, "note": None if i % 2 else f"n{i}", "ok": i % 3 == 0,
+                 "seq": -i} for i in range(20)]
+        errors = []
+        for o in pays:
+            producer.produce("payments", value=ser(o, ctx), key=f"k{o['id']}".encode(), partition=0,
+                             on_delivery=lambda err, _m: err and errors.append(err))
+        check(producer.flush(30) == 0 and not errors, errors)
+        wait_exported(srv, "typed/payments")
+        _, arrow, files = table_rows(srv, "typed.payments")
+        types = {f.name: str(f.type) for f in arrow.schema}
+        check(types["id"] == "int64" and types["amount"] == "double" and types["ok"] == "bool"
+              and types["value_seq"] == "int32" and types["seq"] == "int64", types)
+        rows = sorted(arrow.to_pylist(), key=lambda r: r["id"])
+        check(len(rows) == 20 and len({r["seq"] for r in rows}) == 20, len(rows))
+        got = [{"id": r["id"], "amount": r["amount"], "note": r["note"], "ok": r["ok"],
+                "seq": r["value_seq"]} for r in rows]
+        check(got == pays, got)
+        check([r["key"] for r in rows] == [f"k{i}".encode() for i in range(20)], rows[0])
+        # DuckDB reads the typed columns from the same files.
+        paths = [f.removeprefix("file://") for f in files]
+        [(total, ok)] = duckdb.sql(
+            f"select sum(amount), count(*) filter (where ok) from read_parquet({paths!r})").fetchall()
+        check(total == sum(p["amount"] for p in pays) and ok == 7, (total, ok))
+        status, text = srv.http("GET", "/__picomq/tables/typed/payments")
+        check(json.loads(text)["export"]["records_untyped"] == 0, text)
+    finally:
+        srv.stop()
+
+
 TESTS = [
     test_http_records_through_pyiceberg_and_duckdb,
     test_bad_definitions_are_refused,
+    test_typed_columns_follow_the_registry,
     test_kill9_during_export_keeps_every_record_once,
 ]
 

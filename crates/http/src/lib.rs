@@ -248,7 +248,7 @@ pub fn routers(engine: Engine, config: HttpConfig) -> (Api, Router) {
         Some(r) => r.clone(),
         None => open_registry(&engine),
     };
-    let tables = picomq_tables::exporter::Exporter::new(engine.clone());
+    let tables = picomq_tables::exporter::Exporter::new(engine.clone(), Some(registry.clone()));
     let state = Arc::new(AppState {
         engine,
         long_poll_timeout: config.long_poll_timeout,

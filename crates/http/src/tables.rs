@@ -13,8 +13,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{Method, Request, Response, StatusCode};
-use picomq_engine::stream::Seek;
-use picomq_engine::{EngineError, StreamName};
+use picomq_engine::EngineError;
 use picomq_tables::catalog::{self, Definition, Entry, Source, TableId};
 use picomq_tables::exporter::Exporter;
 use serde_json::{json, Value};
@@ -309,7 +308,7 @@ async fn detail(app: &AppState, e: &Entry) -> Result<Value, ApiError> {
     let x = exporter(app);
     let mut out = summary(app, e);
     let status = x.status(&e.id);
-    out["export"] = json!(status);
+    out["export"] = json!(&status);
     let Some((_, c)) = &e.commit else {
         out["streams"] = json!([]);
         return Ok(out);
@@ -337,34 +336,36 @@ async fn detail(app: &AppState, e: &Entry) -> Result<Value, ApiError> {
         .map_err(engine_error)?;
     let mut streams = Vec::new();
     let (mut lag_records, mut lag_ms) = (0u64, 0u64);
-    for (i, name) in names.iter().enumerate() {
-        let Ok(sname) = StreamName::new(name.clone(), app.engine.config().stream_name_bytes_max)
-        else {
+    // Past the first streams, the totals are the exporter's last round's.
+    for name in names.iter().take(LAG_STREAMS_MAX) {
+        let from = offsets.get(name).copied().unwrap_or(0);
+        // Read where the stream is served (another member's in a cluster).
+        let Ok(at) = x.position(name, from).await else {
             continue;
         };
-        let Ok(sref) = app.engine.stream(&sname).await else {
-            continue;
-        };
-        let tail = sref.handle.view().tail_seq;
-        let exported = offsets.get(name).copied().unwrap_or(0).min(tail);
+        let tail = at.tail_seq;
+        let exported = from.max(at.first_seq).min(tail);
         let lag = tail - exported;
-        let mut behind_ms = 0;
-        if lag > 0 && i < LAG_STREAMS_MAX {
-            if let Ok(at) = app.engine.seek(&sref, Seek::Seq(exported)).await {
-                behind_ms = at.ts_ms.map_or(0, |t| now.saturating_sub(t));
-            }
-        }
+        let behind_ms = match at.records.first() {
+            Some(r) if lag > 0 => now.saturating_sub(r.ts_ms),
+            _ => 0,
+        };
         lag_records += lag;
         lag_ms = lag_ms.max(behind_ms);
-        if i < LAG_STREAMS_MAX {
-            streams.push(json!({
-                "stream": name,
-                "exportedSeq": exported,
-                "tailSeq": tail,
-                "lagRecords": lag,
-                "lagSeconds": behind_ms as f64 / 1000.0,
-            }));
-        }
+        streams.push(json!({
+            "stream": name,
+            "exportedSeq": exported,
+            "tailSeq": tail,
+            "lagRecords": lag,
+            "lagSeconds": behind_ms as f64 / 1000.0,
+        }));
+    }
+    if names.len() > LAG_STREAMS_MAX {
+        lag_records = status.lag_records;
+        lag_ms = match status.oldest_unexported_ms {
+            Some(t) if status.lag_records > 0 => now.saturating_sub(t),
+            _ => 0,
+        };
     }
     out["streams"] = json!(streams);
     out["streamCount"] = json!(names.len());

@@ -166,13 +166,9 @@ impl Definition {
                 "partitionBy: at most {PARTITION_FIELDS_MAX} fields"
             ));
         }
-        if self.schema_subject.is_some() {
-            // Accepted only once it types the columns: a table made with it now
-            // would silently change shape later.
-            return Err(
-                "schemaSubject is not supported yet: bodies are exported as text or binary columns"
-                    .into(),
-            );
+        if let Some(subject) = &self.schema_subject {
+            picomq_registry::registry::check_subject(subject)
+                .map_err(|e| format!("schemaSubject: {}", e.message))?;
         }
         if self.trim_source {
             return Err("trimSource is not supported yet".into());
@@ -464,13 +460,16 @@ mod tests {
         )
         .unwrap();
         assert!(d.validate().is_ok());
+        let d: Definition =
+            serde_json::from_str(r#"{"source":"a","schemaSubject":"a-value"}"#).unwrap();
+        assert!(d.validate().is_ok());
         for bad in [
             r#"{"source":[]}"#,
             r#"{"source":"a","commitInterval":"0s"}"#,
             r#"{"source":"a","commitInterval":"2days"}"#,
             r#"{"source":"a","commitInterval":"soon"}"#,
             r#"{"source":"a/*"}"#,
-            r#"{"source":"a","schemaSubject":"a-value"}"#,
+            r#"{"source":"a","schemaSubject":""}"#,
             r#"{"source":"a","trimSource":true}"#,
         ] {
             let d: Definition = serde_json::from_str(bad).unwrap();

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use picomq_engine::stream::Seek;
-use picomq_engine::{Engine, EngineError, RecordExt, StreamName};
+use picomq_engine::cluster::StreamAdmin;
+use picomq_engine::stream::seek::SeqBatch;
+use picomq_engine::{Engine, EngineError, RecordExt};
 use serde::Serialize;
 
 use crate::catalog::{self, CommitRow, Entry, Source, TableId};
@@ -26,6 +27,9 @@ use crate::manifest::{DataFile, ManifestFile};
 use crate::metadata::{PartitionField, PartitionSpec, Schema, TableMetadata};
 use crate::parquet::{write, Column, Datum, Field, Kind};
 use crate::partition::{of_timestamp, parse, PartField, PartValue, Transform};
+use crate::typed::{self, Typing};
+use picomq_registry::Registry;
+use picomq_schemas::columns::Cell;
 
 /// Summary key: per stream, the id of the stream the offsets belong to (a stream
 /// deleted and created again under the same name starts over).
@@ -40,6 +44,9 @@ const READ_BYTES: usize = 4 << 20;
 pub const STREAMS_MAX: usize = 10_000;
 /// How often the exporter looks for tables that are due.
 const TICK: Duration = Duration::from_millis(500);
+
+/// Columns every table has before its typed body columns.
+pub const BASE_COLUMNS: usize = 9;
 
 /// The columns every table has, in this order (ids 1-9).
 pub fn base_fields() -> Vec<Field> {
@@ -77,6 +84,9 @@ pub struct Status {
     pub gets: u64,
     /// Records below a stream's retained start when the table reached them.
     pub records_skipped: u64,
+    /// Records of a table with a `schemaSubject` whose body did not decode with
+    /// the subject's schemas (their typed columns are null; the raw body is kept).
+    pub records_untyped: u64,
     /// Records appended to the sources and not in the table, at the end of the
     /// last round.
     pub lag_records: u64,
@@ -85,6 +95,9 @@ pub struct Status {
     pub oldest_unexported_ms: Option<u64>,
     /// Bytes of records read from the sources.
     pub source_bytes_read: u64,
+    /// Source streams whose member could not be reached in the last round (their
+    /// records wait for the next).
+    pub streams_unreachable: u64,
 }
 
 /// Streams whose oldest unexported record a round looks up (the rest count in
@@ -100,17 +113,16 @@ struct Lag {
 }
 
 impl Lag {
-    async fn observe(&mut self, x: &Exporter, sref: &picomq_engine::StreamRef, next: u64) {
-        let tail = sref.handle.view().tail_seq;
+    async fn observe(&mut self, x: &Exporter, name: &str, next: u64, tail: u64) {
         if tail <= next {
             return;
         }
         self.records += tail - next;
         if self.seeks < LAG_SEEKS_MAX {
             self.seeks += 1;
-            if let Ok(at) = x.engine.seek(sref, Seek::Seq(next)).await {
-                if let Some(ts) = at.ts_ms {
-                    self.oldest_ms = Some(self.oldest_ms.map_or(ts, |o| o.min(ts)));
+            if let Ok(b) = x.read_seq(name, next, 1).await {
+                if let Some(r) = b.records.first() {
+                    self.oldest_ms = Some(self.oldest_ms.map_or(r.ts_ms, |o| o.min(r.ts_ms)));
                 }
             }
         }
@@ -122,6 +134,8 @@ pub type Loaded = Arc<(TableMetadata, Vec<ManifestFile>)>;
 
 pub struct Exporter {
     engine: Engine,
+    /// Where a table's `schemaSubject` is looked up (typed body columns).
+    registry: Option<Arc<Registry>>,
     status: Mutex<BTreeMap<TableId, Status>>,
     /// Metadata and live manifests by metadata path: each is read once.
     loaded: Mutex<HashMap<String, Loaded>>,
@@ -132,9 +146,10 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    pub fn new(engine: Engine) -> Arc<Exporter> {
+    pub fn new(engine: Engine, registry: Option<Arc<Registry>>) -> Arc<Exporter> {
         Arc::new(Exporter {
             engine,
+            registry,
             status: Mutex::new(BTreeMap::new()),
             loaded: Mutex::new(HashMap::new()),
             due: Mutex::new(HashMap::new()),
@@ -376,9 +391,34 @@ impl Exporter {
         let schema = meta
             .current_schema()
             .ok_or_else(|| EngineError::Internal(format!("{meta_uri}: no current schema")))?;
-        let fields = schema
+        let mut fields = schema
             .fields()
             .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut typing = match (&entry.row.definition.schema_subject, &self.registry) {
+            (Some(subject), Some(registry)) => Typing::open(registry, subject).await?,
+            _ => None,
+        };
+        // The subject's latest schema decides the body columns; a change is a new
+        // Iceberg schema, committed with this round.
+        let mut evolved_meta = None;
+        if let Some(t) = &typing {
+            let evolved = typed::evolve(&base_fields(), &fields, &t.wanted(), meta.last_column_id);
+            if evolved != fields {
+                let mut m = meta.clone();
+                m.set_schema(&evolved);
+                evolved_meta = Some(m);
+                fields = evolved;
+            }
+        }
+        let schema_changed = evolved_meta.is_some();
+        let meta = evolved_meta.as_ref().unwrap_or(meta);
+        let body_columns: Vec<(usize, String)> = fields
+            .iter()
+            .enumerate()
+            .skip(BASE_COLUMNS)
+            .map(|(i, f)| (i, typed::source_of(&f.name).to_string()))
+            .collect();
+        let mut untyped = 0u64;
         let parts = Self::partition(entry, &fields)?;
         let mut offsets = meta
             .offsets()
@@ -396,95 +436,89 @@ impl Exporter {
         let mut records = 0u64;
         let mut skipped = 0u64;
         let mut lag = Lag::default();
-        for name in streams {
+        let mut unreachable = 0u64;
+        'streams: for name in streams {
             if budget == 0 {
                 break;
             }
-            let Ok(sname) =
-                StreamName::new(name.clone(), self.engine.config().stream_name_bytes_max)
-            else {
-                continue;
-            };
-            let sref = match self.engine.stream(&sname).await {
-                Ok(s) => s,
-                Err(EngineError::NotFound | EngineError::Gone) => continue,
-                // In a cluster, another member's stream: its offset stays where the
-                // table has it (docs/tables.md, "Not yet").
-                Err(EngineError::NotOwner) => continue,
+            let mut next = offsets.get(&name).copied().unwrap_or(0);
+            let mut batch = match self.read_seq(&name, next, READ_BYTES).await {
+                Ok(b) => b,
+                Err(EngineError::NotFound | EngineError::Gone | EngineError::BadRequest(_)) => {
+                    continue
+                }
+                // A member that serves the stream cannot be reached now: its offset
+                // stays where the table has it, and the next round tries again.
+                Err(EngineError::NotOwner | EngineError::Unavailable(_)) => {
+                    unreachable += 1;
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
-            let info = sref.info();
-            let mut next = if ids.get(&name) == Some(&info.id) {
-                offsets.get(&name).copied().unwrap_or(0)
-            } else {
-                0
-            };
-            let end = sref.handle.view().tail_seq;
-            if next >= end {
-                ids.insert(name.clone(), info.id);
-                offsets.insert(name.clone(), next.max(end));
-                lag.observe(self, &sref, next).await;
-                continue;
+            if ids.get(&name) != Some(&batch.stream_id) && next != 0 {
+                // The stream was deleted and made again: it starts over.
+                next = 0;
+                batch = self.read_seq(&name, next, READ_BYTES).await?;
             }
-            let mut from = match self.engine.bookmarked(&sref, next).await? {
-                Some(o) => o,
-                None => {
-                    let at = self.engine.seek(&sref, Seek::Seq(next)).await?;
-                    if at.seq > next {
-                        skipped += at.seq - next;
-                        next = at.seq;
-                    }
-                    at.offset
+            let stream_id = batch.stream_id;
+            let end = batch.tail_seq;
+            let mut tail = end;
+            loop {
+                tail = tail.max(batch.tail_seq);
+                if batch.first_seq > next {
+                    skipped += batch.first_seq - next;
+                    next = batch.first_seq;
                 }
-            };
-            'read: while next < end && budget > 0 {
-                let chunk = self.engine.read(&sref, from, READ_BYTES).await?;
-                if chunk.segments.is_empty() {
+                if batch.records.is_empty() {
                     break;
                 }
-                let mut pos = from;
-                for (data, rm) in chunk.segments.iter().zip(&chunk.meta) {
-                    let start = pos;
-                    if rm.seq >= end {
-                        // The next round starts here.
-                        from = start;
-                        break 'read;
+                for r in &batch.records {
+                    if r.seq >= end || budget == 0 {
+                        break;
                     }
-                    pos = pos.advance(data.len() as u64);
-                    if rm.seq < next {
+                    if r.seq < next {
                         continue;
                     }
-                    let row = Row::of(
-                        &name,
-                        rm.seq,
-                        &start.to_string(),
-                        rm.ts_ms,
-                        rm.ext.as_ref(),
-                        data,
-                    );
+                    let row = Row::of(&name, r.seq, &r.offset, r.ts_ms, r.ext.as_ref(), &r.data);
+                    let cells = match typing.as_mut() {
+                        Some(t) => {
+                            let cells = t.decode(row.body);
+                            untyped += u64::from(cells.is_none());
+                            cells
+                        }
+                        None => None,
+                    };
                     let key: Vec<Option<PartValue>> =
                         parts.iter().map(|p| row.partition(p)).collect();
                     let b = builders
                         .entry(key.clone())
                         .or_insert_with(|| Builder::new(&fields));
-                    b.push(&row)?;
-                    budget = budget.saturating_sub(data.len() as u64);
+                    b.push(&row, cells.as_ref(), &body_columns)?;
+                    budget = budget.saturating_sub(r.data.len() as u64);
                     records += 1;
-                    next = rm.seq + 1;
+                    next = r.seq + 1;
                     if b.bytes() >= FILE_BYTES {
                         let b = builders.remove(&key).expect("just used");
                         files.push(self.flush(entry, &fields, key, b, &*store).await?);
                     }
                 }
-                from = chunk.next;
-                if chunk.up_to_date {
+                if next >= end || budget == 0 {
                     break;
                 }
+                batch = match self.read_seq(&name, next, READ_BYTES).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // What was read of it so far is kept; it goes on next round.
+                        tracing::debug!(stream = %name, error = %e, "table export read stopped");
+                        ids.insert(name.clone(), stream_id);
+                        offsets.insert(name, next);
+                        continue 'streams;
+                    }
+                };
             }
-            self.engine.bookmark(&sref, next, from);
-            ids.insert(name.clone(), info.id);
-            offsets.insert(name, next);
-            lag.observe(self, &sref, next).await;
+            ids.insert(name.clone(), stream_id);
+            offsets.insert(name.clone(), next);
+            lag.observe(self, &name, next, tail).await;
         }
         for (key, b) in std::mem::take(&mut builders) {
             files.push(self.flush(entry, &fields, key, b, &*store).await?);
@@ -494,8 +528,10 @@ impl Exporter {
             s.lag_records = lag.records;
             s.oldest_unexported_ms = lag.oldest_ms;
             s.source_bytes_read += ROUND_BYTES - budget;
+            s.streams_unreachable = unreachable;
+            s.records_untyped += untyped;
         });
-        if files.is_empty() {
+        if files.is_empty() && !schema_changed {
             return Ok(());
         }
         let bytes: u64 = files.iter().map(|f| f.size).sum();
@@ -589,6 +625,28 @@ impl Exporter {
             size,
             columns,
         })
+    }
+
+    /// Records of stream `name` from number `seq` on, read at the member that
+    /// serves it (this one, or another in a cluster).
+    async fn read_seq(&self, name: &str, seq: u64, bytes: usize) -> Result<SeqBatch, EngineError> {
+        let answer = self
+            .engine
+            .admin(&StreamAdmin::Read {
+                stream: name.to_string(),
+                seq,
+                bytes,
+            })
+            .await?;
+        answer
+            .read
+            .ok_or_else(|| EngineError::Internal(format!("a read of {name} answered no records")))
+    }
+
+    /// Where stream `name` stands for a table that exported it up to `seq`: its
+    /// tail, and the first record from there on (at most one).
+    pub async fn position(&self, name: &str, seq: u64) -> Result<SeqBatch, EngineError> {
+        self.read_seq(name, seq, 1).await
     }
 
     /// The live streams the sources name, in name order, at most [`STREAMS_MAX`].
@@ -709,7 +767,12 @@ impl Builder {
         self.columns.iter().map(Column::bytes).sum()
     }
 
-    fn push(&mut self, r: &Row<'_>) -> Result<(), EngineError> {
+    fn push(
+        &mut self,
+        r: &Row<'_>,
+        cells: Option<&BTreeMap<String, Cell>>,
+        body_columns: &[(usize, String)],
+    ) -> Result<(), EngineError> {
         let c = &mut self.columns;
         let e = |e: crate::Error| EngineError::Internal(e.to_string());
         c[0].push(Datum::Bytes(r.stream.as_bytes())).map_err(e)?;
@@ -732,6 +795,14 @@ impl Builder {
         } else {
             c[7].push(Datum::Null).map_err(e)?;
             c[8].push(Datum::Bytes(r.body)).map_err(e)?;
+        }
+        let mut scratch = String::new();
+        for (i, source) in body_columns {
+            let cell = cells.and_then(|c| c.get(source));
+            let kind = c[*i].kind();
+            c[*i]
+                .push(typed::datum(kind, cell, &mut scratch))
+                .map_err(e)?;
         }
         self.rows += 1;
         Ok(())

@@ -15,6 +15,7 @@ pub mod metadata;
 pub mod parquet;
 pub mod partition;
 mod thrift;
+pub mod typed;
 
 /// Something a table cannot be made of.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
