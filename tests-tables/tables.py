@@ -524,10 +524,45 @@ def test_cluster_exporter_killed():
             node.stop()
 
 
+def test_cli_table_commands():
+    """`picomq table create|ls|show|rm` against a server."""
+    srv = Server()
+    try:
+        def cli(*args):
+            return subprocess.run([BIN, "table", *args, "--url", srv.url],
+                                  capture_output=True, text=True, timeout=60)
+        srv.ok("PUT", "/logs/a", headers={"content-type": "application/json"})
+        append_json(srv, "logs/a", ['{"x":1}', '{"x":2}'])
+        r = cli("create", "ops/logs", "--source", "logs/**", "--commit-interval", "1s",
+                "--partition-by", "day(timestamp)")
+        check(r.returncode == 0 and "created table ops.logs" in r.stderr, r)
+        r = cli("create", "ops/logs", "--source", "logs/**", "--commit-interval", "1s",
+                "--partition-by", "day(timestamp)")
+        check(r.returncode == 0 and "exists" in r.stderr, r)
+        r = cli("ls")
+        check(r.returncode == 0 and r.stdout.startswith("ops.logs\t"), r)
+        wait_exported(srv, "ops/logs")
+        r = cli("show", "ops.logs", "--output", "json")
+        check(r.returncode == 0 and json.loads(r.stdout)["snapshot"]["totalRecords"] == 2, r)
+        r = cli("show", "ops/logs")
+        check(r.returncode == 0 and "stream\tlogs/a\texported 2\ttail 2" in r.stdout, r)
+        r = cli("create", "nonamespace", "--source", "x")
+        check(r.returncode == 2, r)
+        r = cli("create", "ops/bad", "--source", "x/*/y")
+        check(r.returncode == 2 and "source" in r.stderr, r)
+        r = cli("rm", "ops/logs")
+        check(r.returncode == 0, r)
+        r = cli("show", "ops/logs")
+        check(r.returncode == 3, r)
+    finally:
+        srv.stop()
+
+
 TESTS = [
     test_http_records_through_pyiceberg_and_duckdb,
     test_bad_definitions_are_refused,
     test_typed_columns_follow_the_registry,
+    test_cli_table_commands,
     test_kill9_during_export_keeps_every_record_once,
     test_cluster_exporter_killed,
 ]

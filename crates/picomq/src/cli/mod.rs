@@ -10,6 +10,7 @@ mod lifecycle;
 mod node;
 mod progress;
 mod records;
+mod table;
 mod tail;
 mod token;
 
@@ -66,6 +67,12 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: records::RecordsCommand,
     },
+    /// Streams as Apache Iceberg tables: define one, list them, show one (its
+    /// snapshot and lag), drop one.
+    Table {
+        #[command(subcommand)]
+        command: table::TableCommand,
+    },
 }
 
 pub async fn run(command: ClientCommand) -> ExitCode {
@@ -82,6 +89,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Group { command } => command.conn().output,
         ClientCommand::Consume(a) => a.conn.output,
         ClientCommand::Records { command } => command.conn().output,
+        ClientCommand::Table { command } => command.conn().output,
     };
     let result = match command {
         ClientCommand::Create(a) => lifecycle::create(a).await,
@@ -98,6 +106,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
         ClientCommand::Group { command } => group::run(command).await,
         ClientCommand::Consume(a) => group::consume(a).await,
         ClientCommand::Records { command } => records::run(command).await,
+        ClientCommand::Table { command } => table::run(command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
