@@ -558,11 +558,49 @@ def test_cli_table_commands():
         srv.stop()
 
 
+def test_small_files_merge_and_old_snapshots_go():
+    """A table fed a little at a time: its small files are merged (read again
+    from the stream, committed as a replace), snapshots past keepSnapshots
+    expire and the files only they named are deleted; every record stays
+    exactly once."""
+    srv = Server()
+    try:
+        srv.ok("PUT", "/drip", headers={"content-type": "application/json"})
+        srv.ok("PUT", "/__picomq/tables/ns/drip",
+               {"source": "drip", "commitInterval": "1s", "keepSnapshots": 3})
+        expected = {"drip": []}
+        for i in range(14):
+            bodies = [json.dumps({"i": i, "j": j}) for j in range(5)]
+            append_json(srv, "drip", bodies)
+            expected["drip"] += bodies
+            wait_exported(srv, "ns/drip")
+            time.sleep(1.1)
+        x = wait_for("a merge", lambda: (lambda t: t if t["export"]["merges"] >= 1 else None)(
+            srv.ok("GET", "/__picomq/tables/ns/drip")))
+        table, arrow, files = table_rows(srv, "ns.drip")
+        exactly_once(arrow, expected)
+        check(len(table.metadata.snapshots) <= 3, len(table.metadata.snapshots))
+        ops = [s.summary.operation.value for s in table.metadata.snapshots]
+        check(x["export"]["deletes"] > 0, x["export"])
+        on_disk = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(srv.dir, "data"))
+                   for f in fs if f.endswith(".parquet")]
+        check(len(files) < 14 and len(on_disk) < x["export"]["files_written"],
+              (len(files), len(on_disk), x["export"], ops))
+        for f in files:
+            check(os.path.exists(f.removeprefix("file://")), f)
+        print(f"    {x['export']['files_written']} files written, {len(files)} live after "
+              f"{x['export']['merges']} merge(s), {len(on_disk)} on disk, "
+              f"{x['export']['deletes']} objects deleted")
+    finally:
+        srv.stop()
+
+
 TESTS = [
     test_http_records_through_pyiceberg_and_duckdb,
     test_bad_definitions_are_refused,
     test_typed_columns_follow_the_registry,
     test_cli_table_commands,
+    test_small_files_merge_and_old_snapshots_go,
     test_kill9_during_export_keeps_every_record_once,
     test_cluster_exporter_killed,
 ]

@@ -107,6 +107,8 @@ fn main() {
                 files,
                 offsets: BTreeMap::from([("orders/eu".to_string(), seq as u64)]),
                 replaces: vec![],
+                ranges: BTreeMap::new(),
+                keep_snapshots: 100,
             },
             1_796_553_000_000 + round * 1000,
         )

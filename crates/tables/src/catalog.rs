@@ -144,6 +144,22 @@ pub struct Definition {
     pub partition_by: Vec<String>,
     #[serde(default)]
     pub trim_source: bool,
+    /// Snapshots kept for time travel; older ones expire and the files only
+    /// they name are deleted.
+    #[serde(default = "default_keep", skip_serializing_if = "is_default_keep")]
+    pub keep_snapshots: u32,
+}
+
+/// Snapshots a table keeps unless told otherwise, and at most.
+pub const KEEP_SNAPSHOTS_DEFAULT: u32 = 100;
+pub const KEEP_SNAPSHOTS_MAX: u32 = 10_000;
+
+fn default_keep() -> u32 {
+    KEEP_SNAPSHOTS_DEFAULT
+}
+
+fn is_default_keep(k: &u32) -> bool {
+    *k == KEEP_SNAPSHOTS_DEFAULT
 }
 
 fn default_interval() -> String {
@@ -170,10 +186,17 @@ impl Definition {
             picomq_registry::registry::check_subject(subject)
                 .map_err(|e| format!("schemaSubject: {}", e.message))?;
         }
+        if !(1..=KEEP_SNAPSHOTS_MAX).contains(&self.keep_snapshots) {
+            return Err(format!("keepSnapshots: 1 to {KEEP_SNAPSHOTS_MAX}"));
+        }
         if self.trim_source {
             return Err("trimSource is not supported yet".into());
         }
         Ok(())
+    }
+
+    pub fn keep_snapshots(&self) -> usize {
+        self.keep_snapshots as usize
     }
 
     pub fn sources(&self) -> Vec<Source> {

@@ -18,6 +18,9 @@ pub struct Commit {
     pub metadata_path: String,
     /// The live manifests after the commit (what the next one carries over).
     pub manifests: Vec<ManifestFile>,
+    /// What expired: the manifest lists of dropped snapshots, and metadata files
+    /// the metadata log no longer names.
+    pub expired: (Vec<String>, Vec<String>),
 }
 
 /// Where a manifest list's JSON twin (the live manifests, for the next commit) is.
@@ -46,6 +49,10 @@ pub struct Append {
     pub offsets: BTreeMap<String, u64>,
     /// Files to drop in the same snapshot (merged into `files`), by path.
     pub replaces: Vec<String>,
+    /// Per stream, the records `files` hold (see [`ManifestFile::ranges`]).
+    pub ranges: BTreeMap<String, (u64, u64)>,
+    /// Snapshots the table keeps (older ones expire with this commit).
+    pub keep_snapshots: usize,
 }
 
 /// Builds the commit of `append` on a table whose current metadata is `meta`
@@ -76,10 +83,14 @@ pub fn commit(
     let mut removed_rows = 0u64;
     let mut removed_bytes = 0u64;
     let mut replaced_manifests = 0;
+    // Where a merge's manifest goes: where the first it replaces was, so that
+    // live manifests stay in export order.
+    let mut insert_at = None;
     // A replacement drops whole manifests: a merge takes every file of the
     // manifests it names. Manifests untouched are carried over as they are.
     for m in live {
         if m.files.iter().any(|(p, _, _)| append.replaces.contains(p)) {
+            insert_at.get_or_insert(manifests.len());
             replaced_manifests += 1;
             removed_files += m.files.len() as u64;
             removed_rows += m.files.iter().map(|f| f.1).sum::<u64>();
@@ -105,7 +116,7 @@ pub fn commit(
     if !append.files.is_empty() {
         let bytes = manifest(&schema, &spec, parts, id, &append.files);
         let path = format!("{loc}/metadata/{}-m0.avro", uuid::Uuid::new_v4());
-        manifests.push(ManifestFile {
+        let made = ManifestFile {
             path: path.clone(),
             length: bytes.len() as u64,
             spec_id: spec.spec_id,
@@ -121,7 +132,12 @@ pub fn commit(
                 .iter()
                 .map(|f| (f.path.clone(), f.records, f.size))
                 .collect(),
-        });
+            ranges: Some(append.ranges.clone()),
+        };
+        match insert_at {
+            Some(i) => manifests.insert(i, made),
+            None => manifests.push(made),
+        }
         objects.push((path, bytes));
     }
     let list_path = format!("{loc}/metadata/snap-{id}-1-{}.avro", uuid::Uuid::new_v4());
@@ -175,6 +191,7 @@ pub fn commit(
         },
         Some(meta_path),
     );
+    let expired = next.expire_snapshots(append.keep_snapshots);
     let metadata_path = format!(
         "{loc}/metadata/{:05}-{}.metadata.json",
         sequence,
@@ -189,5 +206,6 @@ pub fn commit(
         metadata: next,
         metadata_path,
         manifests,
+        expired,
     })
 }

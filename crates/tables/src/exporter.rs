@@ -42,6 +42,18 @@ const ROUND_BYTES: u64 = 1 << 30;
 const READ_BYTES: usize = 4 << 20;
 /// Streams one table may be fed by.
 pub const STREAMS_MAX: usize = 10_000;
+/// A manifest whose files hold fewer bytes than this is small: merged once
+/// [`MERGE_MIN`] of them follow each other.
+const MERGE_SMALL: u64 = 16 << 20;
+const MERGE_MIN: usize = 8;
+/// Bytes of files one merge reads again at most.
+const MERGE_BYTES_MAX: u64 = 256 << 20;
+/// Manifests one merge takes at most.
+const MERGE_MANIFESTS_MAX: usize = 500;
+/// How often a table's location is swept for files nothing names, and how old
+/// such a file must be to go.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+const ORPHAN_AGE: Duration = Duration::from_secs(3600);
 /// How often the exporter looks for tables that are due.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -98,6 +110,12 @@ pub struct Status {
     /// Source streams whose member could not be reached in the last round (their
     /// records wait for the next).
     pub streams_unreachable: u64,
+    /// Merges of small files committed, and the manifests they replaced.
+    pub merges: u64,
+    pub files_merged: u64,
+    /// Objects deleted: files of expired snapshots and orphans of crashed rounds.
+    pub deletes: u64,
+    pub files_collected: u64,
 }
 
 /// Streams whose oldest unexported record a round looks up (the rest count in
@@ -139,6 +157,10 @@ pub struct Exporter {
     status: Mutex<BTreeMap<TableId, Status>>,
     /// Metadata and live manifests by metadata path: each is read once.
     loaded: Mutex<HashMap<String, Loaded>>,
+    /// When each table's location was last swept.
+    swept: Mutex<HashMap<TableId, Instant>>,
+    /// Snapshots' live manifests by twin path (immutable once written).
+    twins: Mutex<HashMap<String, Arc<Vec<ManifestFile>>>>,
     /// Rounds started, by table: when each is due again.
     due: Mutex<HashMap<TableId, Instant>>,
     /// The tables as last read, and the registry generation they were read at.
@@ -152,6 +174,8 @@ impl Exporter {
             registry,
             status: Mutex::new(BTreeMap::new()),
             loaded: Mutex::new(HashMap::new()),
+            swept: Mutex::new(HashMap::new()),
+            twins: Mutex::new(HashMap::new()),
             due: Mutex::new(HashMap::new()),
             tables: tokio::sync::Mutex::new(None),
         })
@@ -380,7 +404,9 @@ impl Exporter {
         Ok(())
     }
 
-    /// One round for one table.
+    /// One round for one table: export what the sources gained, then merge
+    /// small files when enough have piled up, expire old snapshots and collect
+    /// the files no snapshot needs any more.
     pub async fn round(&self, entry: &Entry) -> Result<(), EngineError> {
         let Some((n, current)) = &entry.commit else {
             return self.create(entry).await;
@@ -394,7 +420,7 @@ impl Exporter {
         let mut fields = schema
             .fields()
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let mut typing = match (&entry.row.definition.schema_subject, &self.registry) {
+        let typing = match (&entry.row.definition.schema_subject, &self.registry) {
             (Some(subject), Some(registry)) => Typing::open(registry, subject).await?,
             _ => None,
         };
@@ -412,28 +438,15 @@ impl Exporter {
         }
         let schema_changed = evolved_meta.is_some();
         let meta = evolved_meta.as_ref().unwrap_or(meta);
-        let body_columns: Vec<(usize, String)> = fields
-            .iter()
-            .enumerate()
-            .skip(BASE_COLUMNS)
-            .map(|(i, f)| (i, typed::source_of(&f.name).to_string()))
-            .collect();
-        let mut untyped = 0u64;
         let parts = Self::partition(entry, &fields)?;
+        let mut out = Files::new(entry, fields, parts, typing);
         let mut offsets = meta
             .offsets()
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        let mut ids: BTreeMap<String, u64> = meta
-            .current_snapshot()
-            .and_then(|s| s.summary.get(STREAM_IDS_KEY))
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or_default();
+        let mut ids = stream_ids(meta);
+        let mut ranges = BTreeMap::new();
         let streams = self.resolve(&entry.row.definition.sources()).await?;
-        let store = self.engine.store();
-        let mut files = Vec::new();
-        let mut builders: BTreeMap<Vec<Option<PartValue>>, Builder> = BTreeMap::new();
         let mut budget = ROUND_BYTES;
-        let mut records = 0u64;
         let mut skipped = 0u64;
         let mut lag = Lag::default();
         let mut unreachable = 0u64;
@@ -463,6 +476,7 @@ impl Exporter {
             let stream_id = batch.stream_id;
             let end = batch.tail_seq;
             let mut tail = end;
+            let mut first = None;
             loop {
                 tail = tail.max(batch.tail_seq);
                 if batch.first_seq > next {
@@ -479,28 +493,10 @@ impl Exporter {
                     if r.seq < next {
                         continue;
                     }
-                    let row = Row::of(&name, r.seq, &r.offset, r.ts_ms, r.ext.as_ref(), &r.data);
-                    let cells = match typing.as_mut() {
-                        Some(t) => {
-                            let cells = t.decode(row.body);
-                            untyped += u64::from(cells.is_none());
-                            cells
-                        }
-                        None => None,
-                    };
-                    let key: Vec<Option<PartValue>> =
-                        parts.iter().map(|p| row.partition(p)).collect();
-                    let b = builders
-                        .entry(key.clone())
-                        .or_insert_with(|| Builder::new(&fields));
-                    b.push(&row, cells.as_ref(), &body_columns)?;
+                    first.get_or_insert(r.seq);
+                    out.add(self, &name, r).await?;
                     budget = budget.saturating_sub(r.data.len() as u64);
-                    records += 1;
                     next = r.seq + 1;
-                    if b.bytes() >= FILE_BYTES {
-                        let b = builders.remove(&key).expect("just used");
-                        files.push(self.flush(entry, &fields, key, b, &*store).await?);
-                    }
                 }
                 if next >= end || budget == 0 {
                     break;
@@ -510,19 +506,23 @@ impl Exporter {
                     Err(e) => {
                         // What was read of it so far is kept; it goes on next round.
                         tracing::debug!(stream = %name, error = %e, "table export read stopped");
-                        ids.insert(name.clone(), stream_id);
-                        offsets.insert(name, next);
-                        continue 'streams;
+                        break;
                     }
                 };
             }
+            if let Some(first) = first {
+                ranges.insert(name.clone(), (first, next));
+            }
             ids.insert(name.clone(), stream_id);
             offsets.insert(name.clone(), next);
-            lag.observe(self, &name, next, tail).await;
+            if budget > 0 {
+                lag.observe(self, &name, next, tail).await;
+            } else {
+                lag.records += tail.saturating_sub(next);
+                continue 'streams;
+            }
         }
-        for (key, b) in std::mem::take(&mut builders) {
-            files.push(self.flush(entry, &fields, key, b, &*store).await?);
-        }
+        let (files, records, untyped) = out.finish(self).await?;
         self.count(&entry.id, |s| {
             s.records_skipped += skipped;
             s.lag_records = lag.records;
@@ -532,20 +532,59 @@ impl Exporter {
             s.records_untyped += untyped;
         });
         if files.is_empty() && !schema_changed {
-            return Ok(());
+            return self.tidy(entry, *n, &meta_uri, &loaded).await;
         }
         let bytes: u64 = files.iter().map(|f| f.size).sum();
         let n_files = files.len() as u64;
+        let append = Append {
+            files,
+            offsets,
+            replaces: Vec::new(),
+            ranges,
+            keep_snapshots: entry.row.definition.keep_snapshots(),
+        };
+        let (next_n, next) = self
+            .publish(entry, *n, meta, &meta_uri, live, append, &ids)
+            .await?;
+        self.count(&entry.id, |s| {
+            s.records_exported += records;
+            s.bytes_exported += bytes;
+            s.files_written += n_files;
+            s.commits += 1;
+            s.last_commit_ms = Some(self.engine.clock().now_ms());
+        });
+        self.tidy(entry, next_n, &next.0, &next.1).await
+    }
+
+    /// Builds the commit of `append` on `meta`, writes its objects, moves the
+    /// table's pointer from commit `n` to it and collects what the snapshots it
+    /// expired leave behind. Answers the new commit's number, metadata location
+    /// and state.
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &self,
+        entry: &Entry,
+        n: u64,
+        meta: &TableMetadata,
+        meta_uri: &str,
+        live: &[ManifestFile],
+        append: Append,
+        ids: &BTreeMap<String, u64>,
+    ) -> Result<(u64, (String, Loaded)), EngineError> {
+        let store = self.engine.store();
+        let parts = Self::partition(
+            entry,
+            &meta.current_schema().map_or_else(
+                || Ok(Vec::new()),
+                |s| s.fields().map_err(|e| EngineError::Internal(e.to_string())),
+            )?,
+        )?;
         let mut c = commit(
             meta,
-            &meta_uri,
+            meta_uri,
             live,
             &parts,
-            Append {
-                files,
-                offsets,
-                replaces: Vec::new(),
-            },
+            append,
             self.engine.clock().now_ms() as i64,
         )
         .map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -562,7 +601,7 @@ impl Exporter {
         {
             s.summary.insert(
                 STREAM_IDS_KEY.into(),
-                serde_json::to_string(&ids).expect("ids serialize"),
+                serde_json::to_string(ids).expect("ids serialize"),
             );
         }
         let last = c.objects.len() - 1;
@@ -575,21 +614,256 @@ impl Exporter {
             metadata: self.relative(&c.metadata_path)?.to_string(),
             at_ms: self.engine.clock().now_ms(),
         };
-        if !catalog::advance(&self.engine, &entry.id, &entry.row.uuid, Some(*n), row).await? {
+        if !catalog::advance(&self.engine, &entry.id, &entry.row.uuid, Some(n), row).await? {
             return Err(EngineError::Conflict(
                 "the table moved while this round ran; it starts again from there".into(),
             ));
         }
+        let loaded: Loaded = Arc::new((c.metadata, c.manifests));
         self.loaded
             .lock()
             .expect("cache lock")
-            .insert(c.metadata_path.clone(), Arc::new((c.metadata, c.manifests)));
+            .insert(c.metadata_path.clone(), loaded.clone());
+        if !c.expired.0.is_empty() || !c.expired.1.is_empty() {
+            if let Err(e) = self.collect_expired(entry, &loaded, &c.expired).await {
+                // What is left is found by the next sweep of unreferenced files.
+                tracing::warn!(table = %entry.id, error = %e, "collecting expired table files failed");
+            }
+        }
+        Ok((n + 1, (c.metadata_path, loaded)))
+    }
+
+    /// After a round: a merge of small files when enough have piled up, and now
+    /// and then a sweep of the files no snapshot names.
+    async fn tidy(
+        &self,
+        entry: &Entry,
+        n: u64,
+        meta_uri: &str,
+        loaded: &Loaded,
+    ) -> Result<(), EngineError> {
+        let merged = self.merge(entry, n, meta_uri, loaded).await?;
+        let (n, meta_uri, loaded) = match &merged {
+            Some((m, (uri, l))) => (*m, uri.as_str(), l),
+            None => (n, meta_uri, loaded),
+        };
+        let _ = n;
+        let sweep_due = {
+            let mut swept = self.swept.lock().expect("swept lock");
+            let now = Instant::now();
+            match swept.get(&entry.id) {
+                Some(t) if now.duration_since(*t) < SWEEP_EVERY => false,
+                _ => {
+                    swept.insert(entry.id.clone(), now);
+                    true
+                }
+            }
+        };
+        if sweep_due {
+            if let Err(e) = self.sweep(entry, meta_uri, loaded).await {
+                tracing::warn!(table = %entry.id, error = %e, "sweeping unreferenced table files failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges the first run of at least [`MERGE_MIN`] small manifests in a row
+    /// into files of a useful size, read again from the streams (the records the
+    /// manifests' ranges name, checked against their counts), committed as a
+    /// `replace` snapshot. Nothing when no run qualifies, or when the streams no
+    /// longer hold every record of it (trimmed, or made again).
+    async fn merge(
+        &self,
+        entry: &Entry,
+        n: u64,
+        meta_uri: &str,
+        loaded: &Loaded,
+    ) -> Result<Option<(u64, (String, Loaded))>, EngineError> {
+        let (meta, live) = (&loaded.0, &loaded.1);
+        let Some((run, ranges)) = merge_run(live) else {
+            return Ok(None);
+        };
+        let expected: u64 = live[run.clone()]
+            .iter()
+            .flat_map(|m| &m.files)
+            .map(|f| f.1)
+            .sum();
+        let fields = meta
+            .current_schema()
+            .ok_or_else(|| EngineError::Internal(format!("{meta_uri}: no current schema")))?
+            .fields()
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let parts = Self::partition(entry, &fields)?;
+        let typing = match (&entry.row.definition.schema_subject, &self.registry) {
+            (Some(subject), Some(registry)) => Typing::open(registry, subject).await?,
+            _ => None,
+        };
+        let ids = stream_ids(meta);
+        let mut out = Files::new(entry, fields, parts, typing);
+        for (name, (from, to)) in &ranges {
+            let mut next = *from;
+            while next < *to {
+                let batch = self.read_seq(name, next, READ_BYTES).await?;
+                if ids.get(name) != Some(&batch.stream_id)
+                    || batch.first_seq != next
+                    || batch.records.is_empty()
+                {
+                    tracing::debug!(table = %entry.id, stream = %name, "a merge found records gone; files stay as they are");
+                    return Ok(None);
+                }
+                for r in &batch.records {
+                    if r.seq >= *to {
+                        break;
+                    }
+                    out.add(self, name, r).await?;
+                    next = r.seq + 1;
+                }
+            }
+        }
+        if out.records != expected {
+            tracing::warn!(table = %entry.id, read = out.records, expected, "a merge read another count of records than its files hold; files stay as they are");
+            return Ok(None);
+        }
+        let (files, _, _) = out.finish(self).await?;
+        let replaces = live[run.clone()]
+            .iter()
+            .flat_map(|m| m.files.iter().map(|f| f.0.clone()))
+            .collect();
+        let append = Append {
+            files,
+            offsets: meta
+                .offsets()
+                .map_err(|e| EngineError::Internal(e.to_string()))?,
+            replaces,
+            ranges,
+            keep_snapshots: entry.row.definition.keep_snapshots(),
+        };
+        let done = self
+            .publish(entry, n, meta, meta_uri, live, append, &ids)
+            .await?;
         self.count(&entry.id, |s| {
-            s.records_exported += records;
-            s.bytes_exported += bytes;
-            s.files_written += n_files;
-            s.commits += 1;
-            s.last_commit_ms = Some(self.engine.clock().now_ms());
+            s.merges += 1;
+            s.files_merged += run.len() as u64;
+        });
+        Ok(Some(done))
+    }
+
+    /// Deletes what expired snapshots and dropped metadata files leave that no
+    /// retained snapshot names.
+    async fn collect_expired(
+        &self,
+        entry: &Entry,
+        now: &Loaded,
+        expired: &(Vec<String>, Vec<String>),
+    ) -> Result<(), EngineError> {
+        let keep = self.referenced(entry, now).await?;
+        let mut dead = std::collections::BTreeSet::new();
+        for list in &expired.0 {
+            dead.insert(list.clone());
+            let twin = manifests_path(list);
+            if let Ok(manifests) = self.manifests(entry, &twin).await {
+                for m in manifests.iter() {
+                    dead.insert(m.path.clone());
+                    dead.extend(m.files.iter().map(|f| f.0.clone()));
+                }
+            }
+            dead.insert(twin);
+        }
+        dead.extend(expired.1.iter().cloned());
+        let store = self.engine.store();
+        for uri in dead.difference(&keep) {
+            self.delete(entry, &*store, uri).await?;
+        }
+        Ok(())
+    }
+
+    /// Every object the table's retained snapshots and metadata log name.
+    async fn referenced(
+        &self,
+        entry: &Entry,
+        now: &Loaded,
+    ) -> Result<std::collections::BTreeSet<String>, EngineError> {
+        let meta = &now.0;
+        let mut keep = std::collections::BTreeSet::new();
+        keep.extend(meta.metadata_log.iter().map(|e| e.metadata_file.clone()));
+        for s in &meta.snapshots {
+            let twin = manifests_path(&s.manifest_list);
+            let manifests = if Some(s.snapshot_id) == meta.current_snapshot_id {
+                Arc::new(now.1.clone())
+            } else {
+                self.manifests(entry, &twin).await?
+            };
+            keep.insert(s.manifest_list.clone());
+            keep.insert(twin);
+            for m in manifests.iter() {
+                keep.insert(m.path.clone());
+                keep.extend(m.files.iter().map(|f| f.0.clone()));
+            }
+        }
+        Ok(keep)
+    }
+
+    /// The live manifests a snapshot's twin file lists (immutable: read once).
+    async fn manifests(
+        &self,
+        entry: &Entry,
+        twin: &str,
+    ) -> Result<Arc<Vec<ManifestFile>>, EngineError> {
+        if let Some(hit) = self.twins.lock().expect("twins lock").get(twin) {
+            return Ok(hit.clone());
+        }
+        let bytes = self.get(&entry.id, &*self.engine.store(), twin).await?;
+        let m: Arc<Vec<ManifestFile>> = Arc::new(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| EngineError::Internal(format!("{twin}: {e}")))?,
+        );
+        let mut twins = self.twins.lock().expect("twins lock");
+        if twins.len() > 4096 {
+            twins.clear();
+        }
+        twins.insert(twin.to_string(), m.clone());
+        Ok(m)
+    }
+
+    /// Deletes the objects under the table's location that nothing names and
+    /// that are older than [`ORPHAN_AGE`]: files of rounds that crashed or lost
+    /// the table before their commit (a round younger than that may still be
+    /// writing them).
+    async fn sweep(&self, entry: &Entry, meta_uri: &str, now: &Loaded) -> Result<(), EngineError> {
+        use futures::TryStreamExt;
+        let mut keep = self.referenced(entry, now).await?;
+        keep.insert(meta_uri.to_string());
+        let store = self.engine.store();
+        let prefix = ObjectPath::from(self.relative(&self.uri(&entry.row.location))?);
+        let objects: Vec<object_store::ObjectMeta> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("listing {prefix}: {e}")))?;
+        let cutoff = self.engine.clock().now_ms() as i64 - ORPHAN_AGE.as_millis() as i64;
+        for o in objects {
+            let uri = self.uri(o.location.as_ref());
+            if !keep.contains(&uri) && o.last_modified.timestamp_millis() < cutoff {
+                self.delete(entry, &*store, &uri).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(
+        &self,
+        id: &Entry,
+        store: &dyn ObjectStore,
+        uri: &str,
+    ) -> Result<(), EngineError> {
+        let path = ObjectPath::from(self.relative(uri)?);
+        match store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(EngineError::Unavailable(format!("deleting {uri}: {e}"))),
+        }
+        self.count(&id.id, |s| {
+            s.deletes += 1;
+            s.files_collected += 1;
         });
         Ok(())
     }
@@ -678,6 +952,136 @@ impl Exporter {
             }
         }
         Ok(names.into_iter().take(STREAMS_MAX).collect())
+    }
+}
+
+/// Per stream, a range of sequence numbers `[from, to)`.
+pub type Ranges = BTreeMap<String, (u64, u64)>;
+
+/// The stream ids a table's current snapshot records.
+fn stream_ids(meta: &TableMetadata) -> BTreeMap<String, u64> {
+    meta.current_snapshot()
+        .and_then(|s| s.summary.get(STREAM_IDS_KEY))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default()
+}
+
+/// The first run of small manifests worth a merge (at least [`MERGE_MIN`] in a
+/// row whose ranges follow each other, stream by stream), and the ranges it
+/// covers together.
+pub fn merge_run(live: &[ManifestFile]) -> Option<(std::ops::Range<usize>, Ranges)> {
+    let size = |m: &ManifestFile| m.files.iter().map(|f| f.2).sum::<u64>();
+    let mut i = 0;
+    while i < live.len() {
+        let mut ranges: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let mut bytes = 0;
+        let mut j = i;
+        while j < live.len() && j - i < MERGE_MANIFESTS_MAX {
+            let m = &live[j];
+            let Some(r) = &m.ranges else { break };
+            let follows = r
+                .iter()
+                .all(|(s, (from, _))| ranges.get(s).is_none_or(|(_, to)| to == from));
+            if size(m) >= MERGE_SMALL || bytes + size(m) > MERGE_BYTES_MAX || !follows {
+                break;
+            }
+            for (s, (from, to)) in r {
+                ranges
+                    .entry(s.clone())
+                    .and_modify(|e| e.1 = *to)
+                    .or_insert((*from, *to));
+            }
+            bytes += size(m);
+            j += 1;
+        }
+        if j - i >= MERGE_MIN {
+            return Some((i..j, ranges));
+        }
+        i = j.max(i + 1);
+    }
+    None
+}
+
+/// The data files a round or a merge writes: rows grouped by partition, a file
+/// written out whenever one reaches [`FILE_BYTES`].
+struct Files<'e> {
+    entry: &'e Entry,
+    fields: Vec<Field>,
+    parts: Vec<PartField>,
+    body_columns: Vec<(usize, String)>,
+    typing: Option<Typing>,
+    builders: BTreeMap<Vec<Option<PartValue>>, Builder>,
+    files: Vec<DataFile>,
+    records: u64,
+    untyped: u64,
+}
+
+impl<'e> Files<'e> {
+    fn new(
+        entry: &'e Entry,
+        fields: Vec<Field>,
+        parts: Vec<PartField>,
+        typing: Option<Typing>,
+    ) -> Files<'e> {
+        let body_columns = fields
+            .iter()
+            .enumerate()
+            .skip(BASE_COLUMNS)
+            .map(|(i, f)| (i, typed::source_of(&f.name).to_string()))
+            .collect();
+        Files {
+            entry,
+            fields,
+            parts,
+            body_columns,
+            typing,
+            builders: BTreeMap::new(),
+            files: Vec::new(),
+            records: 0,
+            untyped: 0,
+        }
+    }
+
+    async fn add(
+        &mut self,
+        x: &Exporter,
+        stream: &str,
+        r: &picomq_engine::stream::seek::SeqRecord,
+    ) -> Result<(), EngineError> {
+        let row = Row::of(stream, r.seq, &r.offset, r.ts_ms, r.ext.as_ref(), &r.data);
+        let cells = match self.typing.as_mut() {
+            Some(t) => {
+                let cells = t.decode(row.body);
+                self.untyped += u64::from(cells.is_none());
+                cells
+            }
+            None => None,
+        };
+        let key: Vec<Option<PartValue>> = self.parts.iter().map(|p| row.partition(p)).collect();
+        let fields = &self.fields;
+        let b = self
+            .builders
+            .entry(key.clone())
+            .or_insert_with(|| Builder::new(fields));
+        b.push(&row, cells.as_ref(), &self.body_columns)?;
+        self.records += 1;
+        if b.bytes() >= FILE_BYTES {
+            let b = self.builders.remove(&key).expect("just used");
+            let store = x.engine.store();
+            let f = x.flush(self.entry, &self.fields, key, b, &*store).await?;
+            self.files.push(f);
+        }
+        Ok(())
+    }
+
+    /// The files, the records in them and how many did not decode.
+    async fn finish(mut self, x: &Exporter) -> Result<(Vec<DataFile>, u64, u64), EngineError> {
+        let store = x.engine.store();
+        for (key, b) in std::mem::take(&mut self.builders) {
+            let f = x.flush(self.entry, &self.fields, key, b, &*store).await?;
+            self.files.push(f);
+        }
+        Ok((self.files, self.records, self.untyped))
     }
 }
 
@@ -885,5 +1289,60 @@ impl Exporter {
                 if s.last_error.is_some() { 1.0 } else { 0.0 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(size: u64, ranges: &[(&str, u64, u64)]) -> ManifestFile {
+        ManifestFile {
+            path: format!("m{size}"),
+            length: 1,
+            spec_id: 0,
+            sequence_number: 1,
+            added_snapshot_id: 1,
+            added_files: 1,
+            added_rows: 1,
+            existing_files: 0,
+            existing_rows: 0,
+            partitions: Vec::new(),
+            files: vec![("f".into(), 1, size)],
+            ranges: Some(
+                ranges
+                    .iter()
+                    .map(|(s, a, b)| (s.to_string(), (*a, *b)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn merges_take_runs_of_small_manifests_whose_ranges_follow() {
+        let small: Vec<ManifestFile> = (0..MERGE_MIN as u64)
+            .map(|i| m(10, &[("a", i * 5, i * 5 + 5)]))
+            .collect();
+        let (run, ranges) = merge_run(&small).expect("a run");
+        assert_eq!(run, 0..MERGE_MIN);
+        assert_eq!(ranges["a"], (0, 5 * MERGE_MIN as u64));
+        // One short of the minimum: nothing.
+        assert!(merge_run(&small[1..]).is_none());
+        // A big manifest first, then the run.
+        let mut live = vec![m(MERGE_SMALL, &[("a", 0, 1)])];
+        live.extend(small.iter().cloned());
+        assert_eq!(merge_run(&live).unwrap().0, 1..MERGE_MIN + 1);
+        // A gap in a stream's numbers (a trim between rounds) breaks the run.
+        let mut gap = small.clone();
+        gap[4] = m(10, &[("a", 21, 25)]);
+        assert!(merge_run(&gap).is_none());
+        // Manifests without ranges (written before they were kept) stay.
+        let mut old = small.clone();
+        old[3].ranges = None;
+        assert!(merge_run(&old).is_none());
+        // Other streams join a run freely.
+        let mut mixed = small.clone();
+        mixed[2] = m(10, &[("a", 10, 15), ("b", 0, 3)]);
+        assert_eq!(merge_run(&mixed).unwrap().1["b"], (0, 3));
     }
 }

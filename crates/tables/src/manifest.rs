@@ -41,6 +41,12 @@ pub struct ManifestFile {
     /// garbage collection need of it.
     #[serde(default)]
     pub files: Vec<(String, u64, u64)>,
+    /// Per stream, the sequence numbers `[from, to)` its files hold the records
+    /// of (all of them that the stream still held when exported): what a merge
+    /// reads again. Live manifests are in export order, so the ranges of one
+    /// stream follow each other from one manifest to the next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<std::collections::BTreeMap<String, (u64, u64)>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -264,19 +264,27 @@ impl TableMetadata {
     }
 
     /// Drops all but the newest `keep` snapshots (and log entries naming them);
-    /// returns the manifest lists of those dropped.
-    pub fn expire_snapshots(&mut self, keep: usize) -> Vec<String> {
+    /// returns the manifest lists of those dropped, and the metadata files the
+    /// metadata log no longer names (it keeps as many entries).
+    pub fn expire_snapshots(&mut self, keep: usize) -> (Vec<String>, Vec<String>) {
+        let keep = keep.max(1);
+        let excess = self.metadata_log.len().saturating_sub(keep);
+        let old_metadata = self
+            .metadata_log
+            .drain(..excess)
+            .map(|e| e.metadata_file)
+            .collect();
         if self.snapshots.len() <= keep {
-            return Vec::new();
+            return (Vec::new(), old_metadata);
         }
         let cut = self.snapshots.len() - keep;
         let dropped: Vec<Snapshot> = self.snapshots.drain(..cut).collect();
         let ids: std::collections::HashSet<i64> = dropped.iter().map(|s| s.snapshot_id).collect();
         self.snapshot_log.retain(|e| !ids.contains(&e.snapshot_id));
-        // The metadata log is history only; it keeps as many entries.
-        let excess = self.metadata_log.len().saturating_sub(keep);
-        self.metadata_log.drain(..excess);
-        dropped.into_iter().map(|s| s.manifest_list).collect()
+        (
+            dropped.into_iter().map(|s| s.manifest_list).collect(),
+            old_metadata,
+        )
     }
 }
 
