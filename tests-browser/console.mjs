@@ -177,6 +177,19 @@ try {
   await waitText("#stream-title", /console\/orders-dlq/);
   await page.click('nav a[data-page="consumers"]');
   await waitText("#groups-table", /billing/);
+  // An Iceberg table's lag: records appended show as lag until a snapshot holds them.
+  await call("PUT", "/__picomq/tables/console/orders", {
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ source: STREAM, commitInterval: "2s" }),
+  });
+  await waitText('tr[data-table="console.orders"] td.total', /^[1-9]/, 15000);
+  await waitText('tr[data-table="console.orders"] td.lag-records', /^0$/, 15000);
+  await appendJson({ id: 5, item: "for the table" });
+  const recordsBefore = await textOf('tr[data-table="console.orders"] td.total');
+  await page.waitForFunction(({ sel, before }) => document.querySelector(sel)?.innerText !== before,
+    { sel: 'tr[data-table="console.orders"] td.total', before: recordsBefore }, { timeout: 15000 })
+    .catch(() => fail(`table records stayed at ${recordsBefore}`));
+  console.log(`table console.orders: ${recordsBefore} -> ${await textOf('tr[data-table="console.orders"] td.total')} records, lag shown`);
   await shot("consumers");
 
   // Cluster: a single node shows itself.

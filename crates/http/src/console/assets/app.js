@@ -918,6 +918,33 @@ pages.consumers = (view, page) => {
       say(sMsg, e.message);
     }
   };
+  const tBody = h("tbody");
+  const tMsg = msg("tables-msg");
+  const tables = async () => {
+    try {
+      const list = (await getJson("/__picomq/tables")).tables.slice(0, 50);
+      const described = await Promise.all(list.map((t) => getJson(`/__picomq/tables/${encodeURIComponent(t.namespace)}/${encodeURIComponent(t.table)}`).catch((e) => ({ ...t, error: e.message }))));
+      tBody.replaceChildren(...described.map((t) => {
+        const x = t.export || {};
+        const src = t.definition.source;
+        return h("tr", { "data-table": `${t.namespace}.${t.table}` },
+          h("td", { text: `${t.namespace}.${t.table}` }),
+          h("td", { class: "mono", text: Array.isArray(src) ? src.join(", ") : src }),
+          t.error ? h("td", { colspan: 5, class: "error", text: t.error }) : [
+            h("td", { class: "num lag-records", text: fmtInt(t.lagRecords) }),
+            h("td", { class: "num lag-seconds", text: t.lagSeconds === undefined ? "–" : t.lagSeconds.toFixed(1) + " s" }),
+            h("td", { class: "num total", text: fmtInt(t.snapshot ? t.snapshot.totalRecords : 0) }),
+            h("td", { text: t.snapshot ? fmtTime(t.snapshot.timestampMs) : "–" }),
+            h("td", {}, x.last_error ? h("span", { class: "badge bad", text: x.last_error }) : h("span", { class: "badge ok", text: x.last_round_ms ? "exporting here" : "ok" })),
+          ]);
+      }));
+      if (!described.length) tBody.append(h("tr", {}, h("td", { colspan: 7, class: "muted", text: "No tables (or none this token may see)." })));
+      say(tMsg, "");
+    } catch (e) {
+      tBody.replaceChildren();
+      say(tMsg, e.message);
+    }
+  };
   view.append(
     h("h1", { text: "Consumers" }),
     h("section", { class: "panel" }, h("h2", { text: "Consumer groups" }), gMsg,
@@ -925,9 +952,13 @@ pages.consumers = (view, page) => {
       h("p", { class: "muted", text: "Lag: bytes of the stream past the last message handed out. Pending: handed back, waiting for a member." })),
     h("section", { class: "panel" }, h("h2", { text: "Subscriptions" }), sMsg,
       table("subs-table", ["Subscription", "Type", "Streams", "#Linked", "#Lag", "Status"], sBody),
-      h("p", { class: "muted", text: "Lag: bytes of the linked streams past what the subscription acknowledged (first 20 links)." })));
+      h("p", { class: "muted", text: "Lag: bytes of the linked streams past what the subscription acknowledged (first 20 links)." })),
+    h("section", { class: "panel" }, h("h2", { text: "Iceberg tables" }), tMsg,
+      table("tables-table", ["Table", "Sources", "#Lag", "#Lag age", "#Records", "Last snapshot", "Export"], tBody),
+      h("p", { class: "muted", text: "Lag: records of the source streams not yet in a snapshot, and the age of the oldest. Query the tables through the Iceberg REST catalog at /__picomq/iceberg." })));
   every(2000, groups, page);
   every(5000, subs, page);
+  every(3000, tables, page);
 };
 
 pages.cluster = (view, page) => {
@@ -995,6 +1026,7 @@ const PROBES = [
   ["Overview (metrics)", "/metrics", "admin"],
   ["List streams", "/__picomq/streams?limit=1", "read on some streams"],
   ["Consumer groups", "/__picomq/groups", "subscribe on their streams"],
+  ["Iceberg tables", "/__picomq/tables", "read on their sources"],
   ["Subscriptions", "/__picomq/subscriptions", "subscribe"],
   ["Cluster nodes", "/__picomq/nodes", "admin"],
   ["Manage tokens", "/__picomq/tokens", "tokens"],
