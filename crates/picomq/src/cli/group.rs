@@ -13,7 +13,7 @@ use picomq_client::HttpMethod;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
-use super::{duration, note, out, out_json, CliResult, Conn, Ctx, Failure, Kind};
+use super::{duration, expect_json, note, out, out_json, CliResult, Conn, Ctx, Failure, Kind};
 
 const GROUPS: &str = "/__picomq/groups";
 /// How long a claim waits on the server for messages.
@@ -108,14 +108,6 @@ fn group_path(group: &str) -> String {
     format!("{GROUPS}/{}", super::query_value(group))
 }
 
-async fn expect(ctx: &Ctx, what: &str, r: picomq_client::Response, ok: &[u16]) -> CliResult<Value> {
-    let _ = ctx;
-    if !ok.contains(&r.status.as_u16()) {
-        return Err(Failure::from_response(what, &r));
-    }
-    Ok(serde_json::from_slice(&r.body).unwrap_or(Value::Null))
-}
-
 pub async fn run(command: GroupCommand) -> CliResult {
     let ctx = Ctx::new(command.conn())?;
     match command {
@@ -136,7 +128,7 @@ pub async fn run(command: GroupCommand) -> CliResult {
                 )
                 .await?;
             let created = r.status.as_u16() == 201;
-            let v = expect(&ctx, "group create", r, &[200, 201]).await?;
+            let v = expect_json("group create", r, &[200, 201])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -153,7 +145,7 @@ pub async fn run(command: GroupCommand) -> CliResult {
         }
         GroupCommand::Ls(_) => {
             let r = ctx.send(HttpMethod::GET, GROUPS, &[], Bytes::new()).await?;
-            let v = expect(&ctx, "group ls", r, &[200]).await?;
+            let v = expect_json("group ls", r, &[200])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -171,7 +163,7 @@ pub async fn run(command: GroupCommand) -> CliResult {
             let r = ctx
                 .send(HttpMethod::GET, &group_path(&a.group), &[], Bytes::new())
                 .await?;
-            let v = expect(&ctx, "group show", r, &[200]).await?;
+            let v = expect_json("group show", r, &[200])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -198,7 +190,7 @@ pub async fn run(command: GroupCommand) -> CliResult {
             let r = ctx
                 .send(HttpMethod::DELETE, &group_path(&a.group), &[], Bytes::new())
                 .await?;
-            expect(&ctx, "group rm", r, &[204]).await?;
+            expect_json("group rm", r, &[204])?;
             Ok(())
         }
     }
@@ -231,7 +223,7 @@ async fn call(
             continue;
         }
         let r = r?;
-        return expect(ctx, action, r, &[200]).await;
+        return expect_json(action, r, &[200]);
     }
 }
 

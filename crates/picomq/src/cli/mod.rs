@@ -495,6 +495,15 @@ pub fn out_json(v: &Value) -> CliResult {
     out(line.as_bytes())
 }
 
+/// The JSON body of an answer whose status is one of `ok` (`null` when empty),
+/// else the failure it stands for.
+pub fn expect_json(what: &str, r: Response, ok: &[u16]) -> CliResult<Value> {
+    if !ok.contains(&r.status.as_u16()) {
+        return Err(Failure::from_response(what, &r));
+    }
+    Ok(serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+}
+
 /// A message for people, on stderr (never in JSON mode).
 pub fn note(ctx: &Ctx, message: impl AsRef<str>) {
     if !ctx.json() {

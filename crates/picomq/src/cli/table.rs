@@ -4,9 +4,9 @@
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use picomq_client::HttpMethod;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{note, out, out_json, CliResult, Conn, Ctx, Failure, Kind};
+use super::{expect_json, note, out, out_json, CliResult, Conn, Ctx, Failure, Kind};
 
 const TABLES: &str = "/__picomq/tables";
 
@@ -87,13 +87,6 @@ fn table_path(name: &str) -> CliResult<String> {
     ))
 }
 
-async fn expect(what: &str, r: picomq_client::Response, ok: &[u16]) -> CliResult<Value> {
-    if !ok.contains(&r.status.as_u16()) {
-        return Err(Failure::from_response(what, &r));
-    }
-    Ok(serde_json::from_slice(&r.body).unwrap_or(Value::Null))
-}
-
 pub async fn run(command: TableCommand) -> CliResult {
     let ctx = Ctx::new(command.conn())?;
     match command {
@@ -120,7 +113,7 @@ pub async fn run(command: TableCommand) -> CliResult {
                 )
                 .await?;
             let created = r.status.as_u16() == 201;
-            let v = expect("table create", r, &[200, 201]).await?;
+            let v = expect_json("table create", r, &[200, 201])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -138,7 +131,7 @@ pub async fn run(command: TableCommand) -> CliResult {
         }
         TableCommand::Ls(_) => {
             let r = ctx.send(HttpMethod::GET, TABLES, &[], Bytes::new()).await?;
-            let v = expect("table ls", r, &[200]).await?;
+            let v = expect_json("table ls", r, &[200])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -157,7 +150,7 @@ pub async fn run(command: TableCommand) -> CliResult {
             let r = ctx
                 .send(HttpMethod::GET, &table_path(&a.table)?, &[], Bytes::new())
                 .await?;
-            let v = expect("table show", r, &[200]).await?;
+            let v = expect_json("table show", r, &[200])?;
             if ctx.json() {
                 return out_json(&v);
             }
@@ -196,7 +189,7 @@ pub async fn run(command: TableCommand) -> CliResult {
                     Bytes::new(),
                 )
                 .await?;
-            expect("table rm", r, &[204]).await?;
+            expect_json("table rm", r, &[204])?;
             Ok(())
         }
     }
