@@ -240,7 +240,8 @@ def test_bad_definitions_are_refused():
             ({"source": "a", "extra": 1}, "unknown field"),
             ({"source": "a", "schemaSubject": ""}, "empty subject"),
             ({"source": "a", "schemaSubject": "a\x01b"}, "control character in subject"),
-            ({"source": "a", "trimSource": True}, "trimming is not built yet"),
+            ({"source": "a", "keepSnapshots": 0}, "no snapshot kept"),
+            ({"source": "a", "trimSource": "yes"}, "trimSource not a boolean"),
         ]:
             status, out = srv.http("PUT", "/__picomq/tables/ns/t", body)
             check(status == 400, f"{what}: {status} {out!r}")
@@ -595,12 +596,51 @@ def test_small_files_merge_and_old_snapshots_go():
         srv.stop()
 
 
+def test_trim_source_tiers_history_into_the_table():
+    """trimSource: records a table committed and the stream's retention passed
+    are trimmed from the stream (a read below the start is a 410 naming the
+    table); records not yet in the table stay however old, while a stream no
+    table holds is trimmed by its retention as always."""
+    srv = Server("--retention-interval", "1s")
+    try:
+        for s, secs in [("ctrl", 1), ("held", 1), ("tier", 2)]:
+            srv.ok("PUT", f"/{s}", headers={"content-type": "application/json"})
+            srv.ok("POST", f"/__picomq/streams/{s}/retention?seconds={secs}")
+        srv.ok("PUT", "/__picomq/tables/ns/held", {"source": "held", "trimSource": True, "commitInterval": "1h"})
+        srv.ok("PUT", "/__picomq/tables/ns/tier", {"source": "tier", "trimSource": True, "commitInterval": "1s"})
+        for t in ["held", "tier"]:
+            wait_for(f"table {t} made", lambda: srv.ok("GET", f"/__picomq/tables/ns/{t}")["metadataLocation"])
+        bodies = [json.dumps({"n": n}) for n in range(30)]
+        for s in ["ctrl", "held", "tier"]:
+            append_json(srv, s, bodies)
+
+        def first(s):
+            return srv.ok("GET", f"/__picomq/streams/{s}/info")["first_seq"]
+
+        wait_for("retention to trim ctrl", lambda: first("ctrl") > 0, timeout=30)
+        wait_for("tier trimmed to what the table holds", lambda: first("tier") == 30, timeout=30)
+        time.sleep(2)
+        check(first("held") == 0, "retention trimmed records no table holds yet")
+        _, arrow, _ = table_rows(srv, "ns.tier")
+        exactly_once(arrow, {"tier": bodies})
+        status, out = srv.http("GET", "/tier?offset=0000000000000000_0000000000000000")
+        err = json.loads(out)["error"]
+        check(status == 410 and "ns.tier" in err["message"] and err["table"] == "ns.tier", (status, out))
+        status, out = srv.http("GET", "/__picomq/streams/tier/records?seq=0")
+        check(status == 410 and "ns.tier" in json.loads(out)["error"]["message"], (status, out))
+        status, out = srv.http("GET", "/ctrl?offset=0000000000000000_0000000000000000")
+        check(status == 410 and "table" not in json.loads(out)["error"], (status, out))
+    finally:
+        srv.stop()
+
+
 TESTS = [
     test_http_records_through_pyiceberg_and_duckdb,
     test_bad_definitions_are_refused,
     test_typed_columns_follow_the_registry,
     test_cli_table_commands,
     test_small_files_merge_and_old_snapshots_go,
+    test_trim_source_tiers_history_into_the_table,
     test_kill9_during_export_keeps_every_record_once,
     test_cluster_exporter_killed,
 ]

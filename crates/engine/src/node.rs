@@ -274,6 +274,7 @@ impl Engine {
             system,
             cluster: cluster.clone().map(ClusterSide::new),
             append_check: std::sync::OnceLock::new(),
+            retention_hold: std::sync::OnceLock::new(),
         });
         let node = Arc::new(Node {
             store,

@@ -165,7 +165,9 @@ pub async fn handle(
                 records::append(&app, name, &shown, &parts.headers, body).await
             }
             _ => {
-                let read = records::read(&app, name.clone(), query.as_deref(), principal).await;
+                let read = records::read(&app, name.clone(), query.as_deref(), principal)
+                    .await
+                    .map_err(|e| crate::tables::name_holder(&app, name.as_str(), e));
                 crate::ds::with_schema(&app, &name, read).await
             }
         };

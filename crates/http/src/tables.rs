@@ -270,6 +270,26 @@ async fn remove_prefix(
     Ok(())
 }
 
+/// A read below a stream's start (410) says which table holds what was trimmed,
+/// when a table with `trimSource` tiers the stream.
+pub fn name_holder(app: &AppState, stream: &str, e: ApiError) -> ApiError {
+    // A Durable Streams read's, and a records read's by number.
+    if e.code != "offset_trimmed" && e.code != "trimmed" {
+        return e;
+    }
+    match app.tables.tiered_into(stream) {
+        Some(id) => {
+            let mut e = e.with_field("table", &id);
+            e.message = format!(
+                "{}; the records before it are in Iceberg table {id} (catalog at /__picomq/iceberg)",
+                e.message
+            );
+            e
+        }
+        None => e,
+    }
+}
+
 fn no_table(id: &TableId) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,

@@ -189,9 +189,6 @@ impl Definition {
         if !(1..=KEEP_SNAPSHOTS_MAX).contains(&self.keep_snapshots) {
             return Err(format!("keepSnapshots: 1 to {KEEP_SNAPSHOTS_MAX}"));
         }
-        if self.trim_source {
-            return Err("trimSource is not supported yet".into());
-        }
         Ok(())
     }
 
@@ -493,7 +490,6 @@ mod tests {
             r#"{"source":"a","commitInterval":"soon"}"#,
             r#"{"source":"a/*"}"#,
             r#"{"source":"a","schemaSubject":""}"#,
-            r#"{"source":"a","trimSource":true}"#,
         ] {
             let d: Definition = serde_json::from_str(bad).unwrap();
             assert!(d.validate().is_err(), "{bad}");

@@ -116,6 +116,51 @@ pub struct Status {
     /// Objects deleted: files of expired snapshots and orphans of crashed rounds.
     pub deletes: u64,
     pub files_collected: u64,
+    /// `trimSource`: streams with an age retention the last round trimmed to it.
+    pub streams_tiered: u64,
+}
+
+/// The streams tables with `trimSource` hold back from the engine's age
+/// retention: trimmed by the exporter of their table once committed. Until the
+/// tables were first read every stream is held (a trim cannot be undone).
+#[derive(Default)]
+pub struct TierHold {
+    loaded: std::sync::atomic::AtomicBool,
+    sources: std::sync::RwLock<Vec<(TableId, Source)>>,
+}
+
+impl TierHold {
+    fn set(&self, tables: &BTreeMap<TableId, Entry>) {
+        let sources = tables
+            .values()
+            .filter(|e| e.row.definition.trim_source)
+            .flat_map(|e| {
+                e.row
+                    .definition
+                    .sources()
+                    .into_iter()
+                    .map(|s| (e.id.clone(), s))
+            })
+            .collect();
+        *self.sources.write().expect("hold lock") = sources;
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn table_of(&self, stream: &str) -> Option<TableId> {
+        self.sources
+            .read()
+            .expect("hold lock")
+            .iter()
+            .find(|(_, s)| s.matches(stream))
+            .map(|(id, _)| id.clone())
+    }
+}
+
+impl picomq_engine::stream::retention::RetentionHold for TierHold {
+    fn holds(&self, stream: &str) -> bool {
+        !self.loaded.load(std::sync::atomic::Ordering::Acquire) || self.table_of(stream).is_some()
+    }
 }
 
 /// Streams whose oldest unexported record a round looks up (the rest count in
@@ -152,6 +197,8 @@ pub type Loaded = Arc<(TableMetadata, Vec<ManifestFile>)>;
 
 pub struct Exporter {
     engine: Engine,
+    /// The streams tables with `trimSource` hold back from age retention.
+    hold: Arc<TierHold>,
     /// Where a table's `schemaSubject` is looked up (typed body columns).
     registry: Option<Arc<Registry>>,
     status: Mutex<BTreeMap<TableId, Status>>,
@@ -169,8 +216,11 @@ pub struct Exporter {
 
 impl Exporter {
     pub fn new(engine: Engine, registry: Option<Arc<Registry>>) -> Arc<Exporter> {
+        let hold = Arc::new(TierHold::default());
+        engine.set_retention_hold(hold.clone());
         Arc::new(Exporter {
             engine,
+            hold,
             registry,
             status: Mutex::new(BTreeMap::new()),
             loaded: Mutex::new(HashMap::new()),
@@ -225,6 +275,7 @@ impl Exporter {
                     continue;
                 }
             };
+            self.hold.set(&tables);
             {
                 let mut status = self.status.lock().expect("status lock");
                 status.retain(|id, _| tables.contains_key(id));
@@ -642,6 +693,9 @@ impl Exporter {
         meta_uri: &str,
         loaded: &Loaded,
     ) -> Result<(), EngineError> {
+        if entry.row.definition.trim_source {
+            self.tier(entry, &loaded.0).await;
+        }
         let merged = self.merge(entry, n, meta_uri, loaded).await?;
         let (n, meta_uri, loaded) = match &merged {
             Some((m, (uri, l))) => (*m, uri.as_str(), l),
@@ -665,6 +719,36 @@ impl Exporter {
             }
         }
         Ok(())
+    }
+
+    /// `trimSource`: each stream the table holds records of is trimmed, at the
+    /// member serving it, of what the table committed and the stream's age
+    /// retention has passed.
+    async fn tier(&self, entry: &Entry, meta: &TableMetadata) {
+        let Ok(offsets) = meta.offsets() else { return };
+        let mut trimmed = 0;
+        for (name, exported) in offsets {
+            match self
+                .engine
+                .admin(&StreamAdmin::Tier {
+                    stream: name.clone(),
+                    exported,
+                })
+                .await
+            {
+                Ok(a) => trimmed += u64::from(a.retention_secs.is_some()),
+                Err(EngineError::NotFound | EngineError::Gone) => {}
+                Err(e) => {
+                    tracing::debug!(table = %entry.id, stream = %name, error = %e, "tiering a stream failed; the next round tries again")
+                }
+            }
+        }
+        self.count(&entry.id, |s| s.streams_tiered = trimmed);
+    }
+
+    /// The table that holds the records trimmed from `stream`, if one does.
+    pub fn tiered_into(&self, stream: &str) -> Option<TableId> {
+        self.hold.table_of(stream)
     }
 
     /// Merges the first run of at least [`MERGE_MIN`] small manifests in a row
@@ -1316,6 +1400,45 @@ mod tests {
                     .collect(),
             ),
         }
+    }
+
+    #[test]
+    fn tiered_streams_are_held_and_all_are_until_the_tables_are_known() {
+        use picomq_engine::stream::retention::RetentionHold;
+        let hold = TierHold::default();
+        assert!(hold.holds("orders/eu"), "held before the tables were read");
+        let entry = |table: &str, source: &str, trim: bool| {
+            let definition: catalog::Definition =
+                serde_json::from_value(serde_json::json!({"source": source, "trimSource": trim}))
+                    .unwrap();
+            let id = TableId::new("ns", table).unwrap();
+            let row = catalog::TableRow {
+                definition,
+                uuid: "u".into(),
+                location: "tables/ns".into(),
+                created_ms: 0,
+            };
+            (
+                id.clone(),
+                Entry {
+                    id,
+                    row,
+                    commit: None,
+                },
+            )
+        };
+        let tables = BTreeMap::from([
+            entry("tiered", "orders/**", true),
+            entry("plain", "logs/**", false),
+        ]);
+        hold.set(&tables);
+        assert!(hold.holds("orders/eu"));
+        assert!(
+            !hold.holds("logs/app"),
+            "a table without trimSource holds nothing"
+        );
+        assert!(!hold.holds("other"));
+        assert_eq!(hold.table_of("orders/eu").unwrap().to_string(), "ns.tiered");
     }
 
     #[test]

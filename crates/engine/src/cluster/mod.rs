@@ -134,6 +134,13 @@ pub enum StreamAdmin {
         seq: u64,
         bytes: usize,
     },
+    /// Trims the records below number `exported` that are older than the
+    /// stream's age retention (none without one): a table with `trimSource`
+    /// after committing them. Answers the stream's start afterwards.
+    Tier {
+        stream: String,
+        exported: u64,
+    },
 }
 
 impl StreamAdmin {
@@ -146,7 +153,8 @@ impl StreamAdmin {
             | StreamAdmin::SetRetention { stream, .. }
             | StreamAdmin::Publish { stream, .. }
             | StreamAdmin::Discard { stream }
-            | StreamAdmin::Read { stream, .. } => stream,
+            | StreamAdmin::Read { stream, .. }
+            | StreamAdmin::Tier { stream, .. } => stream,
         }
     }
 }
@@ -164,6 +172,9 @@ pub struct StreamAdminAnswer {
     /// What a read found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read: Option<crate::stream::seek::SeqBatch>,
+    /// The first record's number after a tiering trim.
+    #[serde(default)]
+    pub first_seq: u64,
 }
 
 /// Who leads a slot for Kafka clients: the member that owns it, as last read.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::handle::{Lifecycle, StreamHandle};
+use super::seek::Seek;
 use super::{AppendOutcome, AppendRequest, CreateRequest, NewRecord, Producer, StreamInfo};
 use crate::cluster::{
     slot_of, Cluster, ForkPin, Peers, PinnedFork, Route, StreamAdmin, StreamAdminAnswer,
@@ -457,6 +458,7 @@ impl Service {
             created,
             published: 0,
             read: None,
+            first_seq: 0,
         };
         match op {
             StreamAdmin::Create {
@@ -512,6 +514,33 @@ impl Service {
                     Err(e) => return Err(e),
                 }
                 Ok(StreamAdminAnswer::default())
+            }
+            StreamAdmin::Tier { exported, .. } => {
+                let stream = self.stream(&name).await?;
+                let info = stream.info();
+                if let Some(secs) = info.retention_secs {
+                    let cutoff = self
+                        .clock()
+                        .now_ms()
+                        .saturating_sub(secs.saturating_mul(1000));
+                    let by_time = self.seek(&stream, Seek::Time(cutoff)).await?;
+                    let by_seq = self.seek(&stream, Seek::Seq(*exported)).await?;
+                    let at = if by_time.seq <= by_seq.seq {
+                        by_time
+                    } else {
+                        by_seq
+                    };
+                    if at.offset > self.start_of(&stream.handle).await? {
+                        self.trim(&name, at.offset).await?;
+                    }
+                }
+                let first = self.first_record(&self.stream(&name).await?).await?;
+                Ok(StreamAdminAnswer {
+                    id: info.id,
+                    retention_secs: info.retention_secs,
+                    first_seq: first.seq,
+                    ..StreamAdminAnswer::default()
+                })
             }
             StreamAdmin::Read { seq, bytes, .. } => {
                 let stream = self.stream(&name).await?;

@@ -24,7 +24,7 @@ pub mod producer;
 mod read;
 pub mod registry;
 mod resolve;
-pub(crate) mod retention;
+pub mod retention;
 pub mod seek;
 mod service;
 

@@ -11,6 +11,27 @@ use crate::domain::StreamName;
 use crate::error::EngineError;
 use crate::stream::Service;
 
+/// Says which streams the retention pass leaves alone: their records are
+/// trimmed by whoever holds them once it has them elsewhere (a table with
+/// `trimSource` trims what it committed, `StreamAdmin::Tier`).
+pub trait RetentionHold: Send + Sync {
+    fn holds(&self, stream: &str) -> bool;
+}
+
+impl Service {
+    /// Installs the hold (once; later calls are ignored).
+    pub fn set_retention_hold(&self, hold: std::sync::Arc<dyn RetentionHold>) {
+        let _ = self.inner.retention_hold.set(hold);
+    }
+
+    fn retention_held(&self, stream: &str) -> bool {
+        self.inner
+            .retention_hold
+            .get()
+            .is_some_and(|h| h.holds(stream))
+    }
+}
+
 /// Streams looked at per pass; the next pass goes on after the last name, so a big
 /// catalogue is covered in turns and cannot starve the rest of the node.
 pub const STREAMS_PER_PASS: u32 = 1000;
@@ -41,8 +62,9 @@ pub(crate) async fn pass(engine: &Service, after: String, limit: u32) -> String 
         let Some(end) = expired_end.filter(|end| *end > start) else {
             continue;
         };
-        // In a cluster each owner trims its own streams.
-        if !engine.serves(&name) {
+        // In a cluster each owner trims its own streams; a held one is trimmed
+        // by its holder.
+        if !engine.serves(&name) || engine.retention_held(&name) {
             continue;
         }
         // A row's end is a record boundary: no need to check it.

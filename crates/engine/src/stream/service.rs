@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     /// What every append is checked against before it is sequenced (the schema
     /// registry's bindings), once the edge installs it.
     pub(crate) append_check: std::sync::OnceLock<Arc<dyn crate::schemas::AppendCheck>>,
+    /// Streams whose age retention waits for someone else to trim them (a table
+    /// that tiers their history), once the edge installs it.
+    pub(crate) retention_hold: std::sync::OnceLock<Arc<dyn super::retention::RetentionHold>>,
 }
 
 /// The stream service of one node: create, append, read, lifecycle, and the

@@ -118,7 +118,8 @@ pub async fn handle(
                 uri.query(),
                 &headers,
             ))
-            .await;
+            .await
+            .map_err(|e| crate::tables::name_holder(&app, name.as_str(), e));
             with_schema(&app, &name, r).await
         }
         _ => Err(ApiError::new(
