@@ -68,6 +68,12 @@ impl Caller<'_> {
                     "a table fed by {text:?} needs the tables and read scopes on every stream it matches, or admin"
                 )));
             }
+            // Tiering trims the streams: what a trim needs.
+            if definition.trim_source && !t.covers(Op::Delete, p) {
+                return Err(crate::auth::forbidden(format!(
+                    "trimSource trims the streams: a table fed by {text:?} with it needs the delete scope on every stream it matches, or admin"
+                )));
+            }
         }
         Ok(())
     }

@@ -84,6 +84,8 @@ const SUBSCRIBE_PATH: (&str, &str) = ("subscribe", "__ds/subscriptions/**");
 const ADMIN: Needs = Needs::Grants(&[("admin", "**")]);
 const SCHEMAS: Needs = Needs::Either(&[("schemas", "**"), ("admin", "**")]);
 const TABLES: Needs = Needs::Grants(&[("tables", "m/**"), ("read", "m/**")]);
+/// A table that tiers its streams trims them: what a trim needs too.
+const TIERING: Needs = Needs::Grants(&[("tables", "m/**"), ("read", "m/**"), ("delete", "m/**")]);
 
 fn rows() -> Vec<Row> {
     let row = |route, method, path, headers, body, needs, setup, ok| Row {
@@ -104,7 +106,8 @@ fn rows() -> Vec<Row> {
     const STRING: &str = r#"{"schema":"\"string\""}"#;
     vec![
         // Iceberg tables: defining and dropping one needs tables and read on its
-        // sources; seeing one (and its data through the catalog) needs read.
+        // sources (and delete, to tier them); seeing one (and its data through
+        // the catalog) needs read.
         row(
             picomq_http::tables::PATH,
             HttpMethod::GET,
@@ -122,6 +125,16 @@ fn rows() -> Vec<Row> {
             JSON,
             r#"{"source":"{S}","commitInterval":"1s"}"#,
             TABLES,
+            s,
+            Ok::Status(201),
+        ),
+        row(
+            picomq_http::tables::ITEM_PATH,
+            HttpMethod::PUT,
+            "/__picomq/tables/ns/{N}",
+            JSON,
+            r#"{"source":"{S}","commitInterval":"1s","trimSource":true}"#,
+            TIERING,
             s,
             Ok::Status(201),
         ),
