@@ -132,6 +132,12 @@ pub struct CompactionConfig {
     pub segment_bytes_min: usize,
     /// WAL bytes one round reads before it writes and commits.
     pub round_bytes_max: usize,
+    /// WAL rows (one stream's chunk of one WAL object) at least this large are
+    /// final where the WAL wrote them: neither the packer nor compaction rewrites
+    /// them, since a read of one is already a GET of at least a piece's size.
+    /// `None` (the node's choice for the local WAL log, whose files are reclaimed
+    /// only once every entry in them is gone): every row moves.
+    pub wal_rows_final_bytes: Option<u64>,
 }
 
 impl Default for CompactionConfig {
@@ -145,6 +151,7 @@ impl Default for CompactionConfig {
             chunk_bytes_max: 1 << 20,
             segment_bytes_min: 4 << 20,
             round_bytes_max: 64 << 20,
+            wal_rows_final_bytes: None,
         }
     }
 }

@@ -335,7 +335,15 @@ impl Config {
         let mut engine = self.engine.clone();
         engine.store_name = picomq_engine::store::name(&self.store_url()?);
         let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
-        let local = local(&self.store_url()?) && self.wal_store.as_deref().is_none_or(local);
+        let store_local = local(&self.store_url()?);
+        let local = store_local && self.wal_store.as_deref().is_none_or(local);
+        // WAL rows of a piece's size or more stay in WAL objects for good, where the
+        // WAL objects are the data store's: in a bucket an object lives as long as
+        // something points into it, but the local log reclaims a file only once
+        // every entry in it is gone, and a WAL store of its own (chosen for its
+        // latency, not to keep data) keeps only what is not packed yet.
+        engine.compaction.wal_rows_final_bytes = (!store_local && self.wal_store.is_none())
+            .then_some(engine.compaction.chunk_bytes_max as u64);
         // Packs written through into the block cache save a GET of a remote store;
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
@@ -394,6 +402,27 @@ mod tests {
         assert!(through("file:///x", Some("s3://wal"), None));
         // Injected latency stands for a remote store.
         assert!(through("file:///x", None, Some(20)));
+    }
+
+    #[test]
+    fn big_wal_rows_stay_only_in_a_bucket_that_is_also_the_data_store() {
+        let stay = |store: &str, wal_store: Option<&str>| {
+            let config = Config {
+                store: Some(store.into()),
+                wal_store: wal_store.map(str::to_string),
+                ..Config::default()
+            };
+            config
+                .engine_config()
+                .unwrap()
+                .compaction
+                .wal_rows_final_bytes
+        };
+        assert_eq!(stay("file:///var/lib/picomq/objects", None), None);
+        assert_eq!(stay("memory://", None), None);
+        assert_eq!(stay("s3://bucket/prefix", None), Some(1 << 20));
+        assert_eq!(stay("file:///x", Some("s3://wal")), None);
+        assert_eq!(stay("s3://bucket/prefix", Some("s3://express/wal")), None);
     }
 
     #[test]

@@ -244,7 +244,12 @@ impl Compactor {
                 return Ok(report);
             }
             let _maintenance = self.maintenance.lock().await;
-            let rows = self.meta.rows_in_wal_below(&cutoff, ROUND_ROWS_MAX).await?;
+            // Rows already a piece's size or more stay where the WAL wrote them.
+            let smaller_than = self.config.wal_rows_final_bytes.unwrap_or(u64::MAX);
+            let rows = self
+                .meta
+                .rows_in_wal_below(&cutoff, smaller_than, ROUND_ROWS_MAX)
+                .await?;
             if rows.is_empty() {
                 break;
             }

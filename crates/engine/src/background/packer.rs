@@ -153,20 +153,30 @@ impl Recent {
             let old = runs
                 .first()
                 .is_some_and(|r| now.duration_since(r.since) >= c.l1_delay);
-            // The leading runs that follow each other: whole rows, no gap.
-            let n = contiguous_prefix(runs);
-            let (take, last) = if bytes >= c.piece_bytes || old || everything {
-                (&runs[..n], true)
+            // The leading runs that follow each other: whole rows, no gap (a stop
+            // takes every run, gaps or not).
+            let n = if everything {
+                runs.len()
+            } else {
+                contiguous_prefix(runs)
+            };
+            let (pieces, last) = if bytes >= c.piece_bytes || old || everything {
+                (pieces_of(id, &runs[..n], max), true)
             } else if l0_due {
-                let first = runs.iter().position(|r| r.level == Level::Wal);
-                match first {
-                    Some(f) if f < n => (&runs[f..n], false),
-                    _ => continue,
+                // Every run still only in the WAL, across gaps (a row that stays in
+                // the WAL is one): each stretch of them is pieces of its own.
+                let wal: Vec<Piece> = runs
+                    .chunk_by(|a, b| a.level == b.level)
+                    .filter(|stretch| stretch[0].level == Level::Wal)
+                    .flat_map(|stretch| pieces_of(id, stretch, max))
+                    .collect();
+                if wal.is_empty() {
+                    continue;
                 }
+                (wal, false)
             } else {
                 continue;
             };
-            let pieces = pieces_of(id, take, max);
             let spans = pieces.iter().map(|p| (p.start, p.end)).collect();
             if last {
                 plan.l1_pieces += pieces.len() as u64;
@@ -337,11 +347,12 @@ impl Packer {
     /// this in log order).
     pub fn feed(&self, objects: &[FlushedObject]) {
         let now = Instant::now();
+        let stays = self.rows_stay();
         let mut recent = self.recent.lock().expect("packer lock");
         for object in objects {
             let mut any = false;
             for chunk in &object.chunks {
-                if chunk.stream_id == SYSTEM_STREAM {
+                if chunk.stream_id == SYSTEM_STREAM || stays(chunk.range.end - chunk.range.start) {
                     continue;
                 }
                 if let Some(run) = run_of(chunk.ops.iter().map(|(_, op)| op), now) {
@@ -356,6 +367,15 @@ impl Packer {
         }
         self.shed(&mut recent);
         self.stats.buffered.set(recent.bytes as u64);
+    }
+
+    /// Whether a WAL row of this many bytes stays where the WAL wrote it: a row of
+    /// a piece's size or more (a big batch, a busy stream's flush) is read in one
+    /// GET of that size already, and copying it into a pack would write every byte
+    /// twice for nothing (`CompactionConfig::wal_rows_final_bytes`).
+    fn rows_stay(&self) -> impl Fn(u64) -> bool {
+        let at = self.compactor.config().wal_rows_final_bytes;
+        move |bytes| at.is_some_and(|at| bytes >= at)
     }
 
     /// Past the buffer's bound, the oldest runs leave memory unpacked: their data
@@ -570,12 +590,16 @@ impl Packer {
         // their writer's to pack; two packers relocating the same span would
         // each replace the other's rows.
         let epoch = crate::layout::parse_wal_key(&from.wal).map(|(e, _)| e);
+        // Rows that stay in the WAL for good are left to the readers, whom they cost
+        // a GET of a piece's size each, like any pack's piece.
+        let stays = self.rows_stay();
         let rows: Vec<IndexRow> = self
             .meta
             .rows_in_wal_from(&from.wal, WARM_ROWS_MAX)
             .await?
             .into_iter()
             .filter(|r| crate::layout::parse_wal_key(&r.chunk.object_key).map(|(e, _)| e) == epoch)
+            .filter(|r| !stays(r.chunk.byte_range.end - r.chunk.byte_range.start))
             .collect();
         objects.extend(group_by_object(rows, Level::Wal));
         let n = objects.len();
@@ -784,6 +808,32 @@ mod tests {
         );
         assert_eq!(recent.bytes, 25);
         assert!(recent.plan(&config(), 1 << 20, now).is_none());
+    }
+
+    #[test]
+    fn an_l0_pack_takes_wal_runs_past_a_row_that_stays_in_the_wal() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        // 20..500 is a big row the packer was never fed: it stays in its WAL object.
+        let mut recent = recent_with(&[(1, 0, 10), (1, 10, 10), (1, 500, 10)], then);
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 20), (500, 510)]);
+        assert_eq!((plan.l0_pieces, plan.l1_pieces), (2, 0));
+        recent.settle(&plan.done);
+        let runs: Vec<(u64, u64, Level)> = recent.streams[&1]
+            .iter()
+            .map(|r| (r.start.0, r.end.0, r.level))
+            .collect();
+        assert_eq!(runs, [(0, 20, Level::L0), (500, 510, Level::L0)]);
+        assert!(recent.plan(&config(), 1 << 20, now).is_none());
+        // A stop writes both as final pieces, gap or not.
+        recent.everything = true;
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(spans(&plan, 1), [(0, 20), (500, 510)]);
+        assert_eq!(plan.l1_pieces, 2);
+        recent.settle(&plan.done);
+        assert!(recent.streams.is_empty());
+        assert_eq!(recent.bytes, 0);
     }
 
     #[test]

@@ -139,8 +139,14 @@ pub trait MetaStore: Send + Sync + 'static {
 
     /// Index rows of `stream_id` holding data at or after `from`, in offset order.
     async fn chunks_from(&self, stream_id: u64, from: Offset, limit: u32) -> Result<Vec<ChunkRow>>;
-    /// Index rows in WAL objects whose keys sort below `below`, oldest object first.
-    async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>>;
+    /// Index rows in WAL objects whose keys sort below `below`, oldest object first,
+    /// each smaller than `smaller_than` bytes.
+    async fn rows_in_wal_below(
+        &self,
+        below: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>>;
     /// Index rows in WAL objects whose keys sort at or after `from`, oldest object
     /// first: the newest data still only in the WAL.
     async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>>;

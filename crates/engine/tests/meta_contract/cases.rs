@@ -963,10 +963,18 @@ fn keyed(rows: &[picomq_engine::meta::IndexRow]) -> Vec<(String, u64, u64)> {
 pub async fn wal_rows_by_key_range(meta: Meta) {
     rows_in_four_objects(&meta).await;
     let (w0, w1, w2) = (wal_key(1, 0), wal_key(1, 1), wal_key(1, 2));
-    let below = meta.rows_in_wal_below(&w2, 100).await.unwrap();
+    let below = meta.rows_in_wal_below(&w2, u64::MAX, 100).await.unwrap();
     let expected = [(w0.clone(), 1, 0), (w0.clone(), 2, 0), (w1.clone(), 1, 1)];
     assert_eq!(keyed(&below), expected);
-    let limited = meta.rows_in_wal_below(&w2, 2).await.unwrap();
+    // Every row is 10 bytes: those of 10 or more are left out (they stay in the WAL).
+    let small = meta.rows_in_wal_below(&w2, 11, 100).await.unwrap();
+    assert_eq!(keyed(&small), expected);
+    assert!(meta
+        .rows_in_wal_below(&w2, 10, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    let limited = meta.rows_in_wal_below(&w2, u64::MAX, 2).await.unwrap();
     assert_eq!(keyed(&limited), expected[..2]);
     let from = meta.rows_in_wal_from(&w1, 100).await.unwrap();
     assert_eq!(
@@ -977,7 +985,7 @@ pub async fn wal_rows_by_key_range(meta: Meta) {
     let all = meta.rows_in_wal_from("", 100).await.unwrap();
     assert_eq!(all.len(), 5);
     assert!(all.iter().all(|r| r.chunk.object_key.starts_with("wal/")));
-    let all_below = meta.rows_in_wal_below("wal0", 100).await.unwrap();
+    let all_below = meta.rows_in_wal_below("wal0", u64::MAX, 100).await.unwrap();
     assert_eq!(keyed(&all_below), keyed(&all));
     let full = &all[0].chunk;
     assert_eq!((full.end, full.byte_range.clone()), (Offset(1), 100..110));

@@ -724,3 +724,93 @@ async fn tokens_come_back_from_the_bucket_alone() {
         .unwrap();
     assert_eq!(r.status.as_u16(), 200, "the read-token key: {}", r.text());
 }
+
+/// A row of a piece's size or more (here one 1.5 MiB append) stays in its WAL object
+/// for good: the packer and compaction leave it, so its bytes are written once; the
+/// small rows around it are packed as usual, GC keeps the WAL object while the row
+/// lives, and after a kill -9 the stream reads back whole, the big row in one GET.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_wal_rows_stay_where_the_wal_wrote_them() {
+    let s3 = shared_s3();
+    let store = url(s3, BUCKET, "big-rows");
+    let dir = TempDir::new("big-rows");
+    let mut server = Server::start_process(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "--compaction-interval",
+            "0",
+            "--compaction-delay",
+            "0s",
+            "--checkpoint-interval",
+            "150ms",
+            "--gc-interval",
+            "150ms",
+            "--tail-cache-bytes",
+            "0",
+        ],
+    )
+    .await;
+    let c = server.client.clone();
+    const BIN: &[(&str, &str)] = &[("content-type", "application/octet-stream")];
+    assert_eq!(put(&c, "/big", BIN, "").await, 201);
+    assert_eq!(put(&c, "/small", TEXT, "").await, 201);
+    let big: Vec<u8> = (0..(3usize << 19)).map(|i| (i * 7 % 251) as u8).collect();
+    let mut expected = b"head;".to_vec();
+    let r = c.post("/big", BIN, "head;").await.unwrap();
+    assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    let r = c.post("/big", BIN, big.clone()).await.unwrap();
+    assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+    expected.extend_from_slice(&big);
+    for i in 0..20 {
+        assert_eq!(post(&c, "/small", TEXT, &format!("s{i};")).await, 204);
+        let r = c.post("/big", BIN, format!("t{i};")).await.unwrap();
+        assert_eq!(r.status.as_u16(), 204, "{}", r.text());
+        expected.extend_from_slice(format!("t{i};").as_bytes());
+    }
+    // The small rows go into an L0 pack within about a second; the big one does not.
+    eventually(Duration::from_secs(20), || async {
+        (metric(&c, "picomq_pack_objects_written_total").await >= 1.0).then_some(())
+    })
+    .await;
+    let packed = metric(&c, "picomq_pack_bytes_written_total").await;
+    assert!(
+        packed > 0.0 && packed < (1 << 20) as f64,
+        "packed {packed} bytes"
+    );
+    // Compaction of everything in the WAL leaves it too.
+    let r = c.post("/__picomq/compact?delay=0s", &[], "").await.unwrap();
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let report: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(
+        report["bytes_read"].as_u64().unwrap() < 1 << 20,
+        "compaction read the big row: {report}"
+    );
+    // GC runs every 150 ms: the WAL object holding the row stays.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let wal_sizes = {
+        use futures::TryStreamExt;
+        use picomq_engine::store::{self, ObjectPath};
+        let s = store::open(&store).unwrap();
+        let all: Vec<_> = s
+            .list(Some(&ObjectPath::from("wal")))
+            .try_collect()
+            .await
+            .unwrap();
+        all.into_iter().map(|m| m.size).collect::<Vec<_>>()
+    };
+    assert!(
+        wal_sizes.iter().any(|&n| n >= big.len() as u64),
+        "no WAL object holds the big row: {wal_sizes:?}"
+    );
+    server.restart().await;
+    let c = server.client.clone();
+    let before = metric_labels(&c, "picomq_object_store_requests_total", &["op=\"get\""]).await;
+    assert_eq!(read_all(&c, "/big").await, expected);
+    let gets =
+        metric_labels(&c, "picomq_object_store_requests_total", &["op=\"get\""]).await - before;
+    assert!(gets <= 4.0, "{gets} GETs to read /big back");
+    let small: String = (0..20).map(|i| format!("s{i};")).collect();
+    assert_eq!(read_all(&c, "/small").await, small.as_bytes());
+}

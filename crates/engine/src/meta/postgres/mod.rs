@@ -441,13 +441,19 @@ impl MetaStore for PostgresMeta {
         Ok(rows.iter().map(|r| chunk_row(r, 0)).collect())
     }
 
-    async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        self.index_rows(
-            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < $1 ORDER BY object_key, stream_id, start_pos LIMIT $2",
-            below,
-            limit,
-        )
-        .await
+    async fn rows_in_wal_below(
+        &self,
+        below: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>> {
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < $1 AND byte_end - byte_start < $2 ORDER BY object_key, stream_id, start_pos LIMIT $3")
+            .bind(below)
+            .bind(smaller_than.min(i64::MAX as u64) as i64)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(index_row).collect())
     }
 
     async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {

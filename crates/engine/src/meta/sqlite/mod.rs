@@ -269,9 +269,15 @@ impl MetaStore for SqliteMeta {
 
     /// Index rows in WAL objects whose keys sort below `below` (older objects),
     /// oldest object first: what compaction rewrites next.
-    async fn rows_in_wal_below(&self, below: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < ? ORDER BY object_key, stream_id, start_pos LIMIT ?")
+    async fn rows_in_wal_below(
+        &self,
+        below: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>> {
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= 'wal/' AND object_key < ? AND byte_end - byte_start < ? ORDER BY object_key, stream_id, start_pos LIMIT ?")
             .bind(below)
+            .bind(smaller_than.min(i64::MAX as u64) as i64)
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
