@@ -54,6 +54,9 @@ const MERGE_MANIFESTS_MAX: usize = 500;
 /// such a file must be to go.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 const ORPHAN_AGE: Duration = Duration::from_secs(3600);
+/// How often a `trimSource` table asks the members serving its streams to trim
+/// them: each ask is a request per stream, and retention counts in seconds.
+const TIER_EVERY: Duration = Duration::from_secs(5);
 /// How often the exporter looks for tables that are due.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -206,6 +209,8 @@ pub struct Exporter {
     loaded: Mutex<HashMap<String, Loaded>>,
     /// When each table's location was last swept.
     swept: Mutex<HashMap<TableId, Instant>>,
+    /// When each `trimSource` table's streams were last tiered.
+    tiered: Mutex<HashMap<TableId, Instant>>,
     /// Snapshots' live manifests by twin path (immutable once written).
     twins: Mutex<HashMap<String, Arc<Vec<ManifestFile>>>>,
     /// Rounds started, by table: when each is due again.
@@ -225,6 +230,7 @@ impl Exporter {
             status: Mutex::new(BTreeMap::new()),
             loaded: Mutex::new(HashMap::new()),
             swept: Mutex::new(HashMap::new()),
+            tiered: Mutex::new(HashMap::new()),
             twins: Mutex::new(HashMap::new()),
             due: Mutex::new(HashMap::new()),
             tables: tokio::sync::Mutex::new(None),
@@ -693,27 +699,15 @@ impl Exporter {
         meta_uri: &str,
         loaded: &Loaded,
     ) -> Result<(), EngineError> {
-        if entry.row.definition.trim_source {
+        if entry.row.definition.trim_source && due(&self.tiered, &entry.id, TIER_EVERY) {
             self.tier(entry, &loaded.0).await;
         }
         let merged = self.merge(entry, n, meta_uri, loaded).await?;
-        let (n, meta_uri, loaded) = match &merged {
-            Some((m, (uri, l))) => (*m, uri.as_str(), l),
-            None => (n, meta_uri, loaded),
+        let (meta_uri, loaded) = match &merged {
+            Some((_, (uri, l))) => (uri.as_str(), l),
+            None => (meta_uri, loaded),
         };
-        let _ = n;
-        let sweep_due = {
-            let mut swept = self.swept.lock().expect("swept lock");
-            let now = Instant::now();
-            match swept.get(&entry.id) {
-                Some(t) if now.duration_since(*t) < SWEEP_EVERY => false,
-                _ => {
-                    swept.insert(entry.id.clone(), now);
-                    true
-                }
-            }
-        };
-        if sweep_due {
+        if due(&self.swept, &entry.id, SWEEP_EVERY) {
             if let Err(e) = self.sweep(entry, meta_uri, loaded).await {
                 tracing::warn!(table = %entry.id, error = %e, "sweeping unreferenced table files failed");
             }
@@ -1372,6 +1366,20 @@ impl Exporter {
                 &labels,
                 if s.last_error.is_some() { 1.0 } else { 0.0 },
             );
+        }
+    }
+}
+
+/// Whether `every` has passed since `id` was last due in `last` (then it is due
+/// now, and that is noted).
+fn due(last: &Mutex<HashMap<TableId, Instant>>, id: &TableId, every: Duration) -> bool {
+    let mut last = last.lock().expect("due lock");
+    let now = Instant::now();
+    match last.get(id) {
+        Some(t) if now.duration_since(*t) < every => false,
+        _ => {
+            last.insert(id.clone(), now);
+            true
         }
     }
 }
