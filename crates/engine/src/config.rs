@@ -32,6 +32,10 @@ pub struct WalConfig {
     /// One upload attempt that has not answered after this long is abandoned and
     /// retried (a hung connection must not stall the log forever).
     pub upload_attempt_timeout: Duration,
+    /// A flushed object keeps its bytes (for the block cache) when one of its rows
+    /// is at least this large: rows that stay in the WAL, which the packer would
+    /// otherwise have written through into the cache as a pack. Set by the engine.
+    pub rows_cached_from: Option<u64>,
 }
 
 impl Default for WalConfig {
@@ -46,6 +50,7 @@ impl Default for WalConfig {
             retry_backoff_max: Duration::from_secs(2),
             store_down_after: Duration::from_secs(5),
             upload_attempt_timeout: Duration::from_secs(30),
+            rows_cached_from: None,
         }
     }
 }

@@ -188,13 +188,14 @@ impl Engine {
             }
         };
         let (index_tx, index_rx) = mpsc::channel(256);
-        let wal = Wal::start(
-            store.clone(),
-            config.wal.clone(),
-            recovered.epoch,
-            0,
-            index_tx,
-        );
+        // Rows that stay in the WAL go into the block cache as they are written,
+        // where packs would (remote stores): the writer keeps their objects' bytes.
+        let mut wal_config = config.wal.clone();
+        wal_config.rows_cached_from = config
+            .compaction
+            .wal_rows_final_bytes
+            .filter(|_| config.pack.write_through && config.pack.interval.is_some());
+        let wal = Wal::start(store.clone(), wal_config, recovered.epoch, 0, index_tx);
         let scheduler = Scheduler::new(wal.health());
         let system = Arc::new(SystemLog::new(wal.clone()));
         let compactor = Arc::new(Compactor::new(

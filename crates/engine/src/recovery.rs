@@ -209,5 +209,6 @@ pub(crate) fn decode(key: &str, bytes: &Bytes) -> Result<FlushedObject> {
                 listener: None,
             })
             .collect(),
+        bytes: None,
     })
 }

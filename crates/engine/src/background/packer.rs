@@ -352,7 +352,17 @@ impl Packer {
         for object in objects {
             let mut any = false;
             for chunk in &object.chunks {
-                if chunk.stream_id == SYSTEM_STREAM || stays(chunk.range.end - chunk.range.start) {
+                if chunk.stream_id == SYSTEM_STREAM {
+                    continue;
+                }
+                if stays(chunk.range.end - chunk.range.start) {
+                    // Into the cache as its pack would have gone (remote stores):
+                    // a reader of it just behind the tail finds it there.
+                    let cache = self.cache.as_deref().filter(|_| self.config.write_through);
+                    if let (Some(cache), Some(bytes)) = (cache, &object.bytes) {
+                        let r = chunk.range.start as usize..chunk.range.end as usize;
+                        cache.insert(&object.key, chunk.range.start, bytes.slice(r));
+                    }
                     continue;
                 }
                 if let Some(run) = run_of(chunk.ops.iter().map(|(_, op)| op), now) {

@@ -64,6 +64,9 @@ pub struct FlushedObject {
     pub epoch: u64,
     pub seq: u64,
     pub chunks: Vec<FlushedChunk>,
+    /// The object's bytes, kept when one of its rows is at least
+    /// `WalConfig::rows_cached_from` (the packer puts such rows in the block cache).
+    pub bytes: Option<Bytes>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -342,6 +345,7 @@ struct Encoded {
     bytes: usize,
     chunks: Vec<FlushedChunk>,
     since: Option<Instant>,
+    data: Option<Bytes>,
 }
 
 impl Writer {
@@ -455,6 +459,12 @@ impl Writer {
         let key = crate::layout::wal_key(self.epoch, seq);
         let store = self.store.clone();
         let shared = self.shared.clone();
+        let big = |at: u64| chunks.iter().any(|c| c.range.end - c.range.start >= at);
+        let data = shared
+            .config
+            .rows_cached_from
+            .is_some_and(big)
+            .then(|| bytes.clone());
         tokio::spawn(async move {
             let len = bytes.len();
             upload(&*store, &key, bytes, &shared).await?;
@@ -464,6 +474,7 @@ impl Writer {
                 bytes: len,
                 chunks,
                 since,
+                data,
             })
         })
     }
@@ -506,6 +517,7 @@ impl Writer {
             epoch: self.epoch,
             seq: encoded.seq,
             chunks: encoded.chunks,
+            bytes: encoded.data,
         };
         // Bounded channel: a slow metadata store slows the log down instead of
         // growing memory without limit.

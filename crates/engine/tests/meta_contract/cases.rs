@@ -75,6 +75,7 @@ fn object_at(epoch: u64, seq: u64, chunks: Vec<(u64, Vec<Op>)>) -> FlushedObject
                 listener: None,
             })
             .collect(),
+        bytes: None,
     }
 }
 

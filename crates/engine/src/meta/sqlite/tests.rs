@@ -54,6 +54,7 @@ fn object(seq: u64, chunks: Vec<(u64, Vec<Op>)>) -> FlushedObject {
                 listener: None,
             })
             .collect(),
+        bytes: None,
     }
 }
 
