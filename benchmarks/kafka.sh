@@ -20,6 +20,8 @@
 #   RECORDS=100000 benchmarks/kafka.sh
 #
 # Settings (environment): RECORDS (200000), HTTP_IN_FLIGHT (256), HTTP_SECS (10),
+# PRODUCE_API (produce: one produce() call per record; batch: produce_batch() of
+# 1,000, so the Python loop takes less of the 2 cores; results/kafka-batch.txt),
 # PICOMQ_BIN (default: the release binary in ~/.cache/picomq/target if there, else
 # built), TANSU_BIN (default: tansu $TANSU_VERSION installed with cargo, feature
 # dynostore, into TANSU_DIR = ~/.cache/picomq-bench/tansu at first use: 20+ minutes).
@@ -32,10 +34,12 @@ source "$(dirname "$0")/lib.sh"
 RECORDS=${RECORDS:-200000}
 HTTP_IN_FLIGHT=${HTTP_IN_FLIGHT:-256}
 HTTP_SECS=${HTTP_SECS:-10}
+PRODUCE_API=${PRODUCE_API:-produce}
 TANSU_VERSION=0.6.0
 TANSU_DIR=${TANSU_DIR:-$HOME/.cache/picomq-bench/tansu}
 TANSU_BUCKET=tansu
 OUT="$RESULTS/kafka.txt"
+[ "$PRODUCE_API" = produce ] || OUT="$RESULTS/kafka-$PRODUCE_API.txt"
 DRIVER="$BENCH_DIR/kafka_bench.py"
 build_picomq
 
@@ -80,7 +84,7 @@ kport=$(free_port)
 start_picomq "$port" --store "s3://$PICOMQ_CI_S3_BUCKET/kafka-bench" --kafka-listen "127.0.0.1:$kport"
 wait_tcp "$kport"
 log "picomq over Kafka: $RECORDS records"
-python3 "$DRIVER" "127.0.0.1:$kport" --records "$RECORDS" --label "picomq kafka" \
+python3 "$DRIVER" "127.0.0.1:$kport" --records "$RECORDS" --label "picomq kafka" --produce-api "$PRODUCE_API" \
   --server-pid "$SERVER_PID" --json "$WORK/picomq-kafka.json" >&2
 log "picomq over HTTP: $HTTP_IN_FLIGHT in flight, ${HTTP_SECS}s"
 HTTP_FLAGS="--record-bytes 1024 --batch 1 --streams 1 --in-flight $HTTP_IN_FLIGHT --duration ${HTTP_SECS}s --warmup 2s --content-type application/octet-stream"
@@ -99,7 +103,7 @@ SERVER_PID=$!
 PIDS+=("$SERVER_PID")
 if wait_tcp "$port"; then
   log "tansu $TANSU_VERSION on :$port (pid $SERVER_PID): $RECORDS records"
-  python3 "$DRIVER" "127.0.0.1:$port" --records "$RECORDS" --label tansu \
+  python3 "$DRIVER" "127.0.0.1:$port" --records "$RECORDS" --label tansu --produce-api "$PRODUCE_API" \
     --server-pid "$SERVER_PID" --json "$WORK/tansu.json" >&2 || tansu_ok=0
 else
   tansu_ok=0
@@ -118,7 +122,7 @@ fi
   echo "setup:   2 cores shared by everything, loopback, PicoMQ's s3s test server (.ci/s3-server.sh) as the one store; one server at a time"
   echo "picomq:  picomq serve --store s3://$PICOMQ_CI_S3_BUCKET/kafka-bench --kafka-listen 127.0.0.1:K (defaults otherwise)"
   echo "tansu:   tansu broker --storage-engine s3://$TANSU_BUCKET/ (crates.io tansu $TANSU_VERSION, feature dynostore; S3 endpoint and keys from AWS_* variables)"
-  echo "kafka:   benchmarks/kafka_bench.py, librdkafka $(python3 -c 'import confluent_kafka as c; print(c.libversion()[0])') via confluent-kafka $(python3 -c 'import confluent_kafka as c; print(c.__version__)'): $RECORDS records of 1 KiB, one partition, acks=all, linger.ms=5, no compression; ack = produce() to delivery report; then consumed from offset 0 by an assigned consumer"
+  echo "kafka:   benchmarks/kafka_bench.py, librdkafka $(python3 -c 'import confluent_kafka as c; print(c.libversion()[0])') via confluent-kafka $(python3 -c 'import confluent_kafka as c; print(c.__version__)'): $RECORDS records of 1 KiB, one partition, acks=all, linger.ms=5, no compression, records handed over with $([ "$PRODUCE_API" = batch ] && echo 'produce_batch() 1,000 at a time' || echo 'one produce() call each'); ack = produce() to delivery report; then consumed from offset 0 by an assigned consumer"
   echo "http:    picomq bench URL $HTTP_FLAGS"
   echo
   echo "## PicoMQ over HTTP, same server"
