@@ -1145,6 +1145,14 @@ async fn the_members_admin_call_acts_only_where_the_stream_is_served() {
             here[1], here[1]
         ),
         r#"{"op":"publish","stream":"x"}"#.to_string(),
+        // A table export's read and tiering: numbers, not anything else.
+        r#"{"op":"read","stream":"x"}"#.to_string(),
+        r#"{"op":"read","stream":"x","seq":-1,"bytes":10}"#.to_string(),
+        r#"{"op":"read","stream":"x","seq":0,"bytes":"lots"}"#.to_string(),
+        r#"{"op":"read","stream":"x","seq":0,"bytes":1e400}"#.to_string(),
+        r#"{"op":"tier","stream":"x"}"#.to_string(),
+        r#"{"op":"tier","stream":"x","exported":1.5}"#.to_string(),
+        format!(r#"{{"op":"tier","stream":"{}","exported":null}}"#, here[1]),
     ] {
         let r = call(0, bad.clone()).await;
         let s = r.status.as_u16();
@@ -1156,5 +1164,22 @@ async fn the_members_admin_call_acts_only_where_the_stream_is_served() {
         );
         assert!(r.text().contains("\"error\""), "{}", r.text());
     }
+    // The largest numbers are no error: a read is bounded by the member, and a
+    // tier trims nothing younger than the stream's retention (an hour).
+    let r = call(
+        0,
+        r#"{"op":"read","stream":"S","seq":0,"bytes":18446744073709551615}"#.replace('S', &here[1]),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["read"]["records"], serde_json::json!([]), "{v}");
+    let r = call(
+        0,
+        r#"{"op":"tier","stream":"S","exported":18446744073709551615}"#.replace('S', &here[1]),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+    assert!(r.text().contains("\"first_seq\":0"), "{}", r.text());
     cluster.shut_down().await;
 }
