@@ -30,6 +30,8 @@ const ICEBERG_PREFIX: &str = "/__picomq/iceberg";
 const BODY_BYTES_MAX: usize = 64 * 1024;
 /// Streams whose lag a table's `GET` reports (the rest are counted).
 const LAG_STREAMS_MAX: usize = 100;
+/// Positions a table's `GET` reads at once.
+const LAG_READS_AT_ONCE: usize = 16;
 
 /// The caller, for the access rules above.
 struct Caller<'a> {
@@ -362,11 +364,22 @@ async fn detail(app: &AppState, e: &Entry) -> Result<Value, ApiError> {
         .map_err(engine_error)?;
     let mut streams = Vec::new();
     let (mut lag_records, mut lag_ms) = (0u64, 0u64);
-    // Past the first streams, the totals are the exporter's last round's.
-    for name in names.iter().take(LAG_STREAMS_MAX) {
-        let from = offsets.get(name).copied().unwrap_or(0);
-        // Read where the stream is served (another member's in a cluster).
-        let Ok(at) = x.position(name, from).await else {
+    // Past the first streams, the totals are the exporter's last round's. Each
+    // position is read where the stream is served (another member's in a
+    // cluster), several at once.
+    use futures::StreamExt;
+    let offsets = &offsets;
+    let positions: Vec<_> = futures::stream::iter(names.iter().take(LAG_STREAMS_MAX).cloned())
+        .map(|name: String| async move {
+            let from = offsets.get(&name).copied().unwrap_or(0);
+            let at = x.position(&name, from).await;
+            (name, from, at)
+        })
+        .buffered(LAG_READS_AT_ONCE)
+        .collect()
+        .await;
+    for (name, from, at) in positions {
+        let Ok(at) = at else {
             continue;
         };
         let tail = at.tail_seq;
