@@ -407,10 +407,11 @@ impl Packer {
         let Some(plan) = planned else {
             return;
         };
-        self.stats.pieces_l0.add(plan.l0_pieces);
-        self.stats.pieces_l1.add(plan.l1_pieces);
         match self.write(plan.pieces).await {
             Ok(()) => {
+                // Counted once written and committed, not when planned.
+                self.stats.pieces_l0.add(plan.l0_pieces);
+                self.stats.pieces_l1.add(plan.l1_pieces);
                 let mut recent = self.recent.lock().expect("packer lock");
                 recent.settle(&plan.done);
                 self.stats.buffered.set(recent.bytes as u64);
