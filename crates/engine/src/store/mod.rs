@@ -16,7 +16,10 @@ use object_store::prefix::PrefixStore;
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
 pub use object_store::path::Path as ObjectPath;
-pub use object_store::{Error as ObjectStoreError, ObjectStore, ObjectStoreExt};
+pub use object_store::{
+    Attribute, Attributes, Error as ObjectStoreError, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, UpdateVersion,
+};
 
 use crate::error::{EngineError, Result};
 
