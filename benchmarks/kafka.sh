@@ -11,6 +11,9 @@
 #      all of them consumed from offset 0 by an assigned consumer (no group)
 #   2. the same server: `picomq bench` over HTTP, 1 KiB appends, one per request,
 #      one stream, HTTP_IN_FLIGHT requests in flight, HTTP_SECS measured after 2 s
+#      Then the same records once more from kcat (C, on the librdkafka that
+#      confluent-kafka bundles), whose hand-over costs a fraction of Python's, so
+#      that the broker rather than the client is what the 2 cores bound
 #   3. tansu broker --storage-engine s3://tansu/ (its own bucket on the same
 #      server; the topic is created through the admin API): as 1.
 # Output: results/kafka.txt (the HTTP run's summary, then one table: PicoMQ over
@@ -20,6 +23,7 @@
 #   RECORDS=100000 benchmarks/kafka.sh
 #
 # Settings (environment): RECORDS (200000), HTTP_IN_FLIGHT (256), HTTP_SECS (10),
+# KCAT (the kcat binary, default: kcat on PATH; KCAT= skips its rows),
 # PRODUCE_API (produce: one produce() call per record; batch: produce_batch() of
 # 1,000, so the Python loop takes less of the 2 cores; results/kafka-batch.txt),
 # PICOMQ_BIN (default: the release binary in ~/.cache/picomq/target if there, else
@@ -41,6 +45,9 @@ TANSU_BUCKET=tansu
 OUT="$RESULTS/kafka.txt"
 [ "$PRODUCE_API" = produce ] || OUT="$RESULTS/kafka-$PRODUCE_API.txt"
 DRIVER="$BENCH_DIR/kafka_bench.py"
+KCAT=${KCAT-$(command -v kcat || true)}
+KCAT_ARGS=()
+[ -n "$KCAT" ] && KCAT_ARGS=(--kcat "$KCAT")
 build_picomq
 
 if ! python3 -c 'import confluent_kafka' 2>/dev/null; then
@@ -61,7 +68,8 @@ if [ -z "${PICOMQ_S3_TEST_SERVER:-}" ] && [ -x "$(dirname "$PICOMQ")/picomq-s3-t
   export PICOMQ_S3_TEST_SERVER
 fi
 bash "$REPO/.ci/s3-server.sh" start "$WORK/s3" >&2
-PIDS+=("$(cat "$WORK/s3/pid")")
+S3_PID=$(cat "$WORK/s3/pid")
+PIDS+=("$S3_PID")
 # shellcheck disable=SC1091
 . "$WORK/s3/env"
 # A bucket is a directory under the server's root.
@@ -85,7 +93,7 @@ start_picomq "$port" --store "s3://$PICOMQ_CI_S3_BUCKET/kafka-bench" --kafka-lis
 wait_tcp "$kport"
 log "picomq over Kafka: $RECORDS records"
 python3 "$DRIVER" "127.0.0.1:$kport" --records "$RECORDS" --label "picomq kafka" --produce-api "$PRODUCE_API" \
-  --server-pid "$SERVER_PID" --json "$WORK/picomq-kafka.json" >&2
+  --server-pid "$SERVER_PID" --store-pid "$S3_PID" "${KCAT_ARGS[@]}" --json "$WORK/picomq-kafka.json" >&2
 log "picomq over HTTP: $HTTP_IN_FLIGHT in flight, ${HTTP_SECS}s"
 HTTP_FLAGS="--record-bytes 1024 --batch 1 --streams 1 --in-flight $HTTP_IN_FLIGHT --duration ${HTTP_SECS}s --warmup 2s --content-type application/octet-stream"
 # shellcheck disable=SC2086
@@ -104,7 +112,7 @@ PIDS+=("$SERVER_PID")
 if wait_tcp "$port"; then
   log "tansu $TANSU_VERSION on :$port (pid $SERVER_PID): $RECORDS records"
   python3 "$DRIVER" "127.0.0.1:$port" --records "$RECORDS" --label tansu --produce-api "$PRODUCE_API" \
-    --server-pid "$SERVER_PID" --json "$WORK/tansu.json" >&2 || tansu_ok=0
+    --server-pid "$SERVER_PID" --store-pid "$S3_PID" "${KCAT_ARGS[@]}" --json "$WORK/tansu.json" >&2 || tansu_ok=0
 else
   tansu_ok=0
 fi
@@ -123,6 +131,7 @@ fi
   echo "picomq:  picomq serve --store s3://$PICOMQ_CI_S3_BUCKET/kafka-bench --kafka-listen 127.0.0.1:K (defaults otherwise)"
   echo "tansu:   tansu broker --storage-engine s3://$TANSU_BUCKET/ (crates.io tansu $TANSU_VERSION, feature dynostore; S3 endpoint and keys from AWS_* variables)"
   echo "kafka:   benchmarks/kafka_bench.py, librdkafka $(python3 -c 'import confluent_kafka as c; print(c.libversion()[0])') via confluent-kafka $(python3 -c 'import confluent_kafka as c; print(c.__version__)'): $RECORDS records of 1 KiB, one partition, acks=all, linger.ms=5, no compression, records handed over with $([ "$PRODUCE_API" = batch ] && echo 'produce_batch() 1,000 at a time' || echo 'one produce() call each'); ack = produce() to delivery report; then consumed from offset 0 by an assigned consumer"
+  [ -n "$KCAT" ] && echo "kcat:    the same records to a second topic: $KCAT -P -l FILE -X acks=all -X linger.ms=5 (kcat $("$KCAT" -V 2>/dev/null | sed -n 's/^Version \([^ ]*\).*/\1/p') on the same librdkafka; records/s = records over kcat's run, start to exit; no ack latency)"
   echo "http:    picomq bench URL $HTTP_FLAGS"
   echo
   echo "## PicoMQ over HTTP, same server"
@@ -140,22 +149,26 @@ rows = [
     ("produce MiB/s", "produce_mib_per_s", h["mib_per_s"], "{:.1f}", True),
     ("ack p50 ms", "ack_p50_ms", h["ack_latency_ms"]["p50"], "{:.1f}", False),
     ("ack p99 ms", "ack_p99_ms", h["ack_latency_ms"]["p99"], "{:.1f}", False),
+    ("produce records/s, kcat", "kcat_produce_records_per_s", None, "{:,.0f}", True),
+    ("produce MiB/s, kcat", "kcat_produce_mib_per_s", None, "{:.1f}", True),
     ("consume records/s", "consume_records_per_s", None, "{:,.0f}", True),
     ("consume MiB/s", "consume_mib_per_s", None, "{:.1f}", True),
 ]
 print("figure\tPicoMQ (Kafka)\tPicoMQ (HTTP)\ttansu\tPicoMQ/tansu\ttarget")
 for name, key, http, fmt, higher in rows:
-    ratio = k[key] / t[key] if t and t[key] else None
+    if key not in k:
+        continue
+    ratio = k[key] / t[key] if t and t.get(key) else None
     if ratio is None:
         target = "-"
-    elif name.startswith(("produce records", "consume records")):
+    elif name.startswith(("produce records/s", "consume records")):
         target = ">= 2x: " + ("met" if ratio >= 2 else "not met")
     elif name == "ack p99 ms":
         target = "lower: " + ("met" if ratio < 1 else "not met")
     else:
         target = ""
     print("\t".join([name, fmt.format(k[key]), "-" if http is None else fmt.format(http),
-                     fmt.format(t[key]) if t else "failed",
+                     fmt.format(t[key]) if t and key in t else "failed",
                      "-" if ratio is None else f"{ratio:.2f}x", target]))
 EOF
   echo
@@ -164,6 +177,20 @@ import json, os, sys
 runs = [("PicoMQ", sys.argv[1]), ("tansu", sys.argv[2])]
 parts = [f"{name} {r['enqueue_s']:.2f} s of {r['produce_s']:.2f} s"
          for name, path in runs if os.path.exists(path) for r in [json.load(open(path))]]
+cpu = []
+for name, path in runs:
+    if not os.path.exists(path):
+        continue
+    r = json.load(open(path))
+    for label, pre, client in (("Python", "produce", "client"), ("kcat", "kcat_produce", "kcat")):
+        if r.get(pre + "_store_cpu_s") is not None:
+            cpu.append(f"{name} with {label}: broker {r[pre + '_server_cpu_s']:.2f} s, store "
+                       f"{r[pre + '_store_cpu_s']:.2f} s, {client} {r[pre + '_client_cpu_s']:.2f} s "
+                       f"in {r[pre + '_s']:.2f} s of wall time")
+if cpu:
+    print("CPU while producing (utime + stime; 2 cores give at most twice the wall time): "
+          + "; ".join(cpu) + ".")
+    print()
 print("Kafka ack latency includes the time a record waits in librdkafka's queue: every record"
       " is handed to produce() at once (" + ", ".join(parts) + "), so ack p50 comes"
       " close to half the produce time. HTTP: a fixed number of requests in flight, no queue.")

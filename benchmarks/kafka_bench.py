@@ -12,14 +12,31 @@ all back from offset 0: records over the wall time from assign() to the last rec
 Every delivery must succeed and every record come back, in order, at its length.
 
 With --server-pid: the broker's CPU seconds (utime + stime, /proc/PID/stat) in each
-phase. Prints one line per figure; --json FILE also writes them as one JSON object.
+phase; with --store-pid the object store's too, and the client's own (this process,
+librdkafka's threads included) while producing: on one machine the three share the
+cores, so a client that spends a core handing records over caps what is measured.
+
+With --kcat PATH: the same records are produced once more, to a second topic, by
+kcat (C, `kcat -P -l FILE`, the same acks/linger settings) running on the
+librdkafka that confluent-kafka bundles (kcat is pointed at it with
+LD_LIBRARY_PATH; Debian's librdkafka 2.0.2 cannot open a connection to tansu
+0.6.0), so the broker is measured with a client that costs a fraction of Python's
+per record. Figure: records over kcat's wall time, start to exit (it exits once every
+record is acknowledged); the topic must then read back whole. No ack latency: kcat
+does not report it.
+
+Prints one line per figure; --json FILE also writes them as one JSON object.
 
   python3 benchmarks/kafka_bench.py 127.0.0.1:9092 --records 200000
 """
 import argparse
+import glob
 import json
 import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -38,6 +55,15 @@ def cpu_seconds(pid):
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except OSError:
         return None
+
+
+def own_cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_delta(a, b):
+    return None if a is None or b is None else b - a
 
 
 def percentile(sorted_values, p):
@@ -90,6 +116,8 @@ def produce(args):
     p.list_topics(args.topic, timeout=args.timeout)
     value = os.urandom(args.record_bytes)
     cpu0 = cpu_seconds(args.server_pid)
+    store0 = cpu_seconds(args.store_pid)
+    own0 = own_cpu_seconds()
     t0 = time.perf_counter()
     if args.produce_api == "batch":
         # The same records handed over 1,000 at a time (produce_batch: one call
@@ -123,6 +151,8 @@ def produce(args):
     left = p.flush(args.timeout)
     elapsed = time.perf_counter() - t0
     cpu1 = cpu_seconds(args.server_pid)
+    store1 = cpu_seconds(args.store_pid)
+    own1 = own_cpu_seconds()
     if left or errors or len(latencies) != args.records:
         raise SystemExit(f"produce: {left} undelivered, {len(errors)} failed "
                          f"(first: {errors[:1]}), {len(latencies)} acknowledged of {args.records}")
@@ -135,7 +165,61 @@ def produce(args):
         "ack_p50_ms": percentile(latencies, 50) * 1000,
         "ack_p99_ms": percentile(latencies, 99) * 1000,
         "ack_max_ms": latencies[-1] * 1000,
-        "produce_server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+        "produce_server_cpu_s": cpu_delta(cpu0, cpu1),
+        "produce_store_cpu_s": cpu_delta(store0, store1),
+        "produce_client_cpu_s": own1 - own0,
+    }
+
+
+def kcat_produce(args):
+    """The same records through kcat on the bundled librdkafka (see the module doc)."""
+    import confluent_kafka
+    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(confluent_kafka.__file__)),
+                                  "confluent_kafka.libs", "librdkafka*.so*"))
+    want = confluent_kafka.libversion()[0]
+    topic = args.topic + "-kcat"
+    ensure_topic(args.bootstrap, topic, args.timeout)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ)
+        if libs:
+            os.symlink(libs[0], os.path.join(tmp, "librdkafka.so.1"))
+            env["LD_LIBRARY_PATH"] = tmp + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        version = subprocess.run([args.kcat, "-V"], env=env, capture_output=True, text=True).stdout
+        if f"librdkafka {want} " not in version:
+            raise SystemExit(f"kcat does not run on librdkafka {want}: {version.strip()}")
+        # One record per line: record_bytes printable bytes and a newline.
+        data = os.path.join(tmp, "records")
+        line = (b"k" * args.record_bytes) + b"\n"
+        with open(data, "wb") as f:
+            for _ in range(args.records // 1000):
+                f.write(line * 1000)
+            f.write(line * (args.records % 1000))
+        cmd = [args.kcat, "-P", "-b", args.bootstrap, "-t", topic, "-p", "0",
+               "-X", "acks=all", "-X", "linger.ms=5", "-X", "compression.type=none",
+               "-X", f"queue.buffering.max.messages={max(100000, args.records)}",
+               "-X", f"queue.buffering.max.kbytes={4 * 1024 * 1024}",
+               "-X", f"message.timeout.ms={args.timeout * 1000}", "-l", data]
+        cpu0 = cpu_seconds(args.server_pid)
+        store0 = cpu_seconds(args.store_pid)
+        kid0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout * 10)
+        elapsed = time.perf_counter() - t0
+        cpu1 = cpu_seconds(args.server_pid)
+        store1 = cpu_seconds(args.store_pid)
+        kid1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if run.returncode != 0:
+        raise SystemExit(f"kcat exited with {run.returncode}: {run.stderr.strip()[-500:]}")
+    # Every record back, in order, at its length (read, not taken from the high
+    # watermark: tansu 0.6.0's stays 797 records short of what it serves).
+    consume(argparse.Namespace(**{**vars(args), "topic": topic}))
+    return {
+        "kcat_produce_records_per_s": args.records / elapsed,
+        "kcat_produce_mib_per_s": args.records * args.record_bytes / elapsed / 2**20,
+        "kcat_produce_s": elapsed,
+        "kcat_produce_server_cpu_s": cpu_delta(cpu0, cpu1),
+        "kcat_produce_store_cpu_s": cpu_delta(store0, store1),
+        "kcat_produce_client_cpu_s": (kid1.ru_utime + kid1.ru_stime) - (kid0.ru_utime + kid0.ru_stime),
     }
 
 
@@ -177,7 +261,7 @@ def consume(args):
         "consume_records_per_s": got / elapsed,
         "consume_mib_per_s": got * args.record_bytes / elapsed / 2**20,
         "consume_s": elapsed,
-        "consume_server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+        "consume_server_cpu_s": cpu_delta(cpu0, cpu1),
     }
 
 
@@ -189,6 +273,8 @@ def main():
     ap.add_argument("--topic", default="kafka-bench-" + uuid.uuid4().hex[:8])
     ap.add_argument("--label", default="broker")
     ap.add_argument("--server-pid", type=int)
+    ap.add_argument("--store-pid", type=int, help="the object store's process, for its CPU seconds")
+    ap.add_argument("--kcat", help="also produce the records with this kcat binary (see above)")
     ap.add_argument("--timeout", type=int, default=60, help="seconds without progress before giving up")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--produce-api", choices=["produce", "batch"], default="produce",
@@ -200,6 +286,8 @@ def main():
            "records": args.records, "record_bytes": args.record_bytes}
     out.update(produce(args))
     out.update(consume(args))
+    if args.kcat:
+        out.update(kcat_produce(args))
 
     def line(name, value, unit=""):
         print(f"{args.label}: {name:<18} {value}{unit}", flush=True)
@@ -215,6 +303,14 @@ def main():
     if out["produce_server_cpu_s"] is not None:
         line("server CPU", f"{out['produce_server_cpu_s']:.1f} s producing, "
              f"{out['consume_server_cpu_s']:.1f} s consuming")
+    if out.get("produce_store_cpu_s") is not None:
+        line("CPU producing", f"broker {out['produce_server_cpu_s']:.2f} s, store "
+             f"{out['produce_store_cpu_s']:.2f} s, client {out['produce_client_cpu_s']:.2f} s")
+    if args.kcat:
+        line("kcat records/s", f"{out['kcat_produce_records_per_s']:,.0f}")
+        if out["kcat_produce_store_cpu_s"] is not None:
+            line("kcat CPU", f"broker {out['kcat_produce_server_cpu_s']:.2f} s, store "
+                 f"{out['kcat_produce_store_cpu_s']:.2f} s, kcat {out['kcat_produce_client_cpu_s']:.2f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
