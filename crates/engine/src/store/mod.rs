@@ -26,6 +26,7 @@ use crate::error::{EngineError, Result};
 pub mod fault;
 pub mod instrumented;
 pub mod local_log;
+pub mod mapped;
 pub mod retrying;
 pub mod routed;
 
@@ -157,7 +158,14 @@ pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
                     dir.display()
                 ))
             })?;
-    Ok(Arc::new(routed::RoutedStore::new(files()?, Arc::new(log))))
+    // Packs and the other files are read by mapping their ranges; the WAL log's
+    // files are reused, so they are not (`mapped`).
+    let data: Arc<dyn ObjectStore> = Arc::new(mapped::MappedFiles::new(
+        LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?
+            .with_fsync(true),
+    ));
+    Ok(Arc::new(routed::RoutedStore::new(data, Arc::new(log))))
 }
 
 /// What a reader of files in this store needs to know besides credentials, as
