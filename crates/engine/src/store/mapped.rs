@@ -17,6 +17,11 @@
 //! The mapping is made in a blocking task with `MAP_POPULATE`, so the disk reads
 //! for a range not yet in the page cache happen there and not on a runtime thread
 //! when a reader first touches the bytes.
+//!
+//! The trade-off: a page the kernel evicts while mapped is read again on its next
+//! touch, and a disk error at that moment is a SIGBUS, where `pread` would have
+//! returned an error. The same disk holds the WAL log the process trusts for every
+//! acknowledgement, so a failing disk stops the node either way.
 
 use std::fmt;
 use std::ops::Range;
