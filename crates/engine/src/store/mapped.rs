@@ -256,6 +256,29 @@ mod tests {
                 assert_eq!(&got[..], &body[range.start as usize..range.end as usize]);
             }
         }
+        // Long ranges are answered from a mapping, short ones and whole objects by
+        // the plain store's file reads.
+        let payload = |range: Range<u64>| {
+            let store = &store;
+            let key = &key;
+            async move {
+                let options = GetOptions::new().with_range(Some(range));
+                store.get_opts(key, options).await.unwrap().payload
+            }
+        };
+        assert!(matches!(
+            payload(5..70_000).await,
+            GetResultPayload::Stream(_)
+        ));
+        assert!(matches!(payload(0..10).await, GetResultPayload::File(..)));
+        assert!(matches!(
+            store
+                .get_opts(&key, GetOptions::new())
+                .await
+                .unwrap()
+                .payload,
+            GetResultPayload::File(..)
+        ));
         // A whole-object GET and a HEAD are the plain store's.
         assert_eq!(
             store.get(&key).await.unwrap().bytes().await.unwrap(),
@@ -271,6 +294,14 @@ mod tests {
             matches!(missing, Err(object_store::Error::NotFound { .. })),
             "{missing:?}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_local_directory_store_reads_its_files_through_mappings() {
+        let dir = std::env::temp_dir().join(format!("picomq-mapped-dir-{}", std::process::id()));
+        let store = crate::store::open_dir(&dir).unwrap();
+        assert!(store.to_string().contains("data: Mapped("), "{store}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

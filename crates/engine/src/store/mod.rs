@@ -144,27 +144,22 @@ pub fn open_dir(dir: &Path) -> Result<Arc<dyn ObjectStore>> {
             dir.display()
         ))
     })?;
-    let files = || -> Result<Arc<dyn ObjectStore>> {
-        let fs = LocalFileSystem::new_with_prefix(dir)
+    let files = || -> Result<LocalFileSystem> {
+        Ok(LocalFileSystem::new_with_prefix(dir)
             .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?
-            .with_fsync(true);
-        Ok(Arc::new(fs))
+            .with_fsync(true))
     };
-    let log =
-        local_log::LocalLogStore::open(&dir.join(crate::layout::LOCAL_LOG_DIR), files()?, dir)
-            .map_err(|e| {
-                EngineError::Unavailable(format!(
-                    "cannot open the WAL log in {}: {e}",
-                    dir.display()
-                ))
-            })?;
+    let log = local_log::LocalLogStore::open(
+        &dir.join(crate::layout::LOCAL_LOG_DIR),
+        Arc::new(files()?),
+        dir,
+    )
+    .map_err(|e| {
+        EngineError::Unavailable(format!("cannot open the WAL log in {}: {e}", dir.display()))
+    })?;
     // Packs and the other files are read by mapping their ranges; the WAL log's
     // files are reused, so they are not (`mapped`).
-    let data: Arc<dyn ObjectStore> = Arc::new(mapped::MappedFiles::new(
-        LocalFileSystem::new_with_prefix(dir)
-            .map_err(|e| EngineError::Unavailable(format!("cannot open {}: {e}", dir.display())))?
-            .with_fsync(true),
-    ));
+    let data: Arc<dyn ObjectStore> = Arc::new(mapped::MappedFiles::new(files()?));
     Ok(Arc::new(routed::RoutedStore::new(data, Arc::new(log))))
 }
 
