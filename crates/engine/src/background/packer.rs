@@ -591,11 +591,10 @@ impl Packer {
         packs.sort_unstable();
         let newest = &packs[packs.len().saturating_sub(WARM_PACKS_MAX)..];
         // Older data first: a reader catching up from the start meets it first.
-        let mut objects = Vec::new();
-        if !newest.is_empty() {
-            let rows = self.meta.rows_in_objects(newest).await?;
-            objects.extend(group_by_object(rows, Level::L0));
-        }
+        let packs = match newest.is_empty() {
+            true => Vec::new(),
+            false => self.meta.rows_in_objects(newest).await?,
+        };
         // Only that log's objects: the keys of later logs (another member's, this
         // node's own next incarnation) sort after them, and what they hold is
         // their writer's to pack; two packers relocating the same span would
@@ -612,10 +611,9 @@ impl Packer {
             .filter(|r| crate::layout::parse_wal_key(&r.chunk.object_key).map(|(e, _)| e) == epoch)
             .filter(|r| !stays(r.chunk.byte_range.end - r.chunk.byte_range.start))
             .collect();
-        objects.extend(group_by_object(rows, Level::Wal));
+        let objects = warm_plan(packs, rows, WARM_PACK_BYTES);
         let n = objects.len();
         let mut tickets = cold.warming(objects.iter().map(|(key, _, _)| key.clone()));
-        let budget = self.config.buffer_bytes_max / 2;
         let fetched = futures::stream::iter(objects)
             .map(|(key, rows, level)| async move {
                 let range = span_of(&rows);
@@ -632,7 +630,6 @@ impl Packer {
             .buffered(WARM_AT_ONCE);
         futures::pin_mut!(fetched);
         let now = Instant::now();
-        let mut warmed = 0;
         while let Some((key, rows, level, base, got)) = fetched.next().await {
             // An object that cannot be read now is left to the readers: the warm-up
             // only saves them the wait.
@@ -653,7 +650,6 @@ impl Packer {
                 if let Some(mut run) = run_of(ops.iter(), now) {
                     run.level = level;
                     run.cached = true;
-                    warmed += run.bytes;
                     runs.push((row.stream_id, run));
                 }
                 cold.cache().insert(&key, r.start, chunk);
@@ -669,14 +665,37 @@ impl Packer {
             }
             self.shed(&mut recent);
             self.stats.buffered.set(recent.bytes as u64);
-            if warmed >= budget {
-                break;
-            }
         }
         // Due at once: this is the data a crash left only in the WAL.
         self.recent.lock().expect("packer lock").unpacked_objects = usize::MAX;
         Ok(n)
     }
+}
+
+/// What the warm-up reads, in order: of the packs' rows (oldest pack first), the
+/// newest packs whose spans fit in `pack_bytes`, a busy node's last minute of packs
+/// being far more than a cache keeps; then every object of the WAL rows, whatever
+/// their size, since read on demand they cost a GET per chunk, a pack a GET per
+/// piece.
+fn warm_plan(
+    packs: Vec<IndexRow>,
+    wal: Vec<IndexRow>,
+    pack_bytes: u64,
+) -> Vec<(String, Vec<IndexRow>, Level)> {
+    let mut objects = group_by_object(packs, Level::L0);
+    let mut bytes = 0u64;
+    let keep = objects
+        .iter()
+        .rev()
+        .take_while(|(_, rows, _)| {
+            let span = span_of(rows);
+            bytes += span.end - span.start;
+            bytes <= pack_bytes
+        })
+        .count();
+    objects.drain(..objects.len() - keep);
+    objects.extend(group_by_object(wal, Level::Wal));
+    objects
 }
 
 /// The bytes of one object that `rows` cover: rows come in stream order, not in the
@@ -709,6 +728,12 @@ const WARM_AT_ONCE: usize = 32;
 /// Packs the warm-up reads back, at most: about a minute's worth (`l1_delay`) of a
 /// busy node's L0 packs.
 const WARM_PACKS_MAX: usize = 128;
+
+/// Bytes of packs the warm-up reads back, at most (the newest first): a quarter of
+/// the default block cache. What the log had not packed is read whatever its size
+/// (up to [`WARM_ROWS_MAX`] rows): read on demand it costs a GET per chunk, where a
+/// pack costs one per piece.
+const WARM_PACK_BYTES: u64 = 64 << 20;
 
 /// Index rows the warm-up reads, at most (about `l0_objects_max` objects of them).
 const WARM_ROWS_MAX: u32 = 200_000;
@@ -770,6 +795,65 @@ mod tests {
             .filter(|p| p.stream_id == id)
             .map(|p| (p.start.0, p.end.0))
             .collect()
+    }
+
+    fn index_row(stream_id: u64, key: &str, bytes: std::ops::Range<u64>) -> IndexRow {
+        IndexRow {
+            stream_id,
+            chunk: crate::meta::ChunkRow {
+                start: Offset(0),
+                end: Offset(1),
+                object_key: key.into(),
+                byte_range: bytes,
+                start_seq: 0,
+                last_ts_ms: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn the_warm_up_keeps_the_newest_packs_that_fit_and_every_wal_object() {
+        let keys = |plan: &[(String, Vec<IndexRow>, Level)]| -> Vec<(String, usize, Level)> {
+            plan.iter()
+                .map(|(k, r, l)| (k.clone(), r.len(), *l))
+                .collect()
+        };
+        // Three packs of 600, 500 and 400 bytes (rows out of byte order in the
+        // middle one), and WAL objects that together are far more than the budget.
+        let packs = vec![
+            index_row(1, "seg/a", 0..300),
+            index_row(2, "seg/a", 300..600),
+            index_row(1, "seg/b", 200..500),
+            index_row(2, "seg/b", 0..200),
+            index_row(1, "seg/c", 100..500),
+        ];
+        let wal = vec![
+            index_row(1, "wal/1", 0..5_000),
+            index_row(2, "wal/1", 5_000..9_000),
+            index_row(1, "wal/2", 0..7_000),
+        ];
+        let plan = warm_plan(packs.clone(), wal.clone(), 1_000);
+        assert_eq!(
+            keys(&plan),
+            [
+                ("seg/b".into(), 2, Level::L0),
+                ("seg/c".into(), 1, Level::L0),
+                ("wal/1".into(), 2, Level::Wal),
+                ("wal/2".into(), 1, Level::Wal),
+            ],
+            "the oldest pack does not fit; the WAL objects all go, after the packs"
+        );
+        let all = warm_plan(packs.clone(), wal.clone(), 1_500);
+        assert_eq!(all.len(), 5, "exactly the three packs fit");
+        let none = warm_plan(packs, wal, 399);
+        assert_eq!(
+            keys(&none),
+            [
+                ("wal/1".into(), 2, Level::Wal),
+                ("wal/2".into(), 1, Level::Wal)
+            ],
+            "no pack fits; the WAL objects still go"
+        );
     }
 
     #[test]
