@@ -45,9 +45,6 @@ pub struct Config {
     /// Compaction's object-store request budget; `None`: the engine's default on a
     /// bucket, unlimited when every store is local (their requests cost nothing).
     pub compaction_requests_per_sec: Option<f64>,
-    /// The packer's memory for recent records; `None`: the engine's default on a
-    /// bucket, [`LOCAL_PACK_BUFFER_BYTES`] when every store is local.
-    pub pack_buffer_bytes: Option<usize>,
     pub engine: EngineConfig,
     /// The edge's settings (its shutdown signal and tokens are the node's own at
     /// start, whatever is set here).
@@ -79,10 +76,6 @@ pub struct Config {
     pub kafka: Option<picomq_kafka::KafkaConfig>,
 }
 
-/// The packer's buffer when the store and the WAL store are local directories (or
-/// memory) and no latency is injected.
-pub const LOCAL_PACK_BUFFER_BYTES: usize = 16 << 20;
-
 /// Bounds of `--lease`: renewals must fit in it several times over Postgres round
 /// trips, and a dead member's streams wait that long.
 const LEASE_MIN: Duration = Duration::from_secs(1);
@@ -100,7 +93,6 @@ impl Default for Config {
             store_latency: None,
             store_error_rate: None,
             compaction_requests_per_sec: None,
-            pack_buffer_bytes: None,
             engine: EngineConfig::default(),
             http: HttpConfig::default(),
             server: ServerOptions::default(),
@@ -355,19 +347,7 @@ impl Config {
         // Packs written through into the block cache save a GET of a remote store;
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
-        let remote = !local || self.store_latency.is_some();
-        engine.pack.write_through = remote;
-        // The buffer's records are what L1 pieces are made of; a record shed from it
-        // is rewritten by compaction instead, which on a bucket costs a GET of its
-        // L0 pack, and on a local directory a read of the page cache. Under load the
-        // buffer cannot hold the minute a piece gathers anyway (most records are
-        // shed at 64 MiB too), so locally the smaller buffer saves its memory and
-        // the third write of the bytes that did make pieces (docs/compaction.md).
-        engine.pack.buffer_bytes_max = match self.pack_buffer_bytes {
-            Some(bytes) => bytes,
-            None if remote => EngineConfig::default().pack.buffer_bytes_max,
-            None => LOCAL_PACK_BUFFER_BYTES,
-        };
+        engine.pack.write_through = !local || self.store_latency.is_some();
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
             Some(rate) => rate,
             // The local store's requests are reads and writes of local files: only
@@ -422,36 +402,6 @@ mod tests {
         assert!(through("file:///x", Some("s3://wal"), None));
         // Injected latency stands for a remote store.
         assert!(through("file:///x", None, Some(20)));
-    }
-
-    #[test]
-    fn the_pack_buffer_is_smaller_only_where_every_store_is_local() {
-        let buffer =
-            |store: &str, wal_store: Option<&str>, latency: Option<u64>, set: Option<usize>| {
-                let config = Config {
-                    store: Some(store.into()),
-                    wal_store: wal_store.map(str::to_string),
-                    store_latency: latency.map(Duration::from_millis),
-                    pack_buffer_bytes: set,
-                    ..Config::default()
-                };
-                config.engine_config().unwrap().pack.buffer_bytes_max
-            };
-        let bucket = EngineConfig::default().pack.buffer_bytes_max;
-        assert_eq!(bucket, 64 << 20);
-        assert_eq!(
-            buffer("file:///x", None, None, None),
-            LOCAL_PACK_BUFFER_BYTES
-        );
-        assert_eq!(
-            buffer("memory://", None, None, None),
-            LOCAL_PACK_BUFFER_BYTES
-        );
-        assert_eq!(buffer("s3://bucket/p", None, None, None), bucket);
-        assert_eq!(buffer("file:///x", Some("s3://wal"), None, None), bucket);
-        assert_eq!(buffer("file:///x", None, Some(20), None), bucket);
-        assert_eq!(buffer("file:///x", None, None, Some(1 << 30)), 1 << 30);
-        assert_eq!(buffer("s3://bucket/p", None, None, Some(8 << 20)), 8 << 20);
     }
 
     #[test]

@@ -91,11 +91,9 @@ pub struct StorageArgs {
     /// 0 = off.
     #[arg(long, env = "PICOMQ_PACK_DELAY", default_value_t = HumanDuration(engine().pack.l0_delay))]
     pub pack_delay: HumanDuration,
-    /// Memory for recent records awaiting their packs, in bytes [default: 64 MiB
-    /// when the store or WAL store is a bucket; 16 MiB when both are file:// or
-    /// memory://]
-    #[arg(long, env = "PICOMQ_PACK_BUFFER_BYTES")]
-    pub pack_buffer_bytes: Option<Size>,
+    /// Memory for recent records awaiting their packs, in bytes.
+    #[arg(long, env = "PICOMQ_PACK_BUFFER_BYTES", default_value_t = Size(engine().pack.buffer_bytes_max as u64))]
+    pub pack_buffer_bytes: Size,
     /// How long a catch-up read waits for the object store before it answers with
     /// what is ready (clients read on from its Stream-Next-Offset).
     #[arg(long, env = "PICOMQ_READ_BUDGET", default_value_t = HumanDuration(engine().read_budget))]
@@ -126,7 +124,6 @@ impl StorageArgs {
         config.wal_store = self.wal_store.clone();
         config.admin_listen = self.admin_listen;
         config.compaction_requests_per_sec = self.compaction_requests_per_sec;
-        config.pack_buffer_bytes = self.pack_buffer_bytes.map(|s| s.bytes());
         let e = &mut config.engine;
         e.wal.store_down_after = self.store_down_after.0;
         e.fence_check_interval = on(self.fence_check_interval);
@@ -143,6 +140,7 @@ impl StorageArgs {
         } else {
             e.pack.l0_delay = self.pack_delay.0;
         }
+        e.pack.buffer_bytes_max = self.pack_buffer_bytes.bytes();
         e.read_budget = self.read_budget.0;
         e.cost = CostConfig {
             put_per_1000_usd: self.price_put_per_1000,
