@@ -611,7 +611,7 @@ impl Packer {
             .filter(|r| crate::layout::parse_wal_key(&r.chunk.object_key).map(|(e, _)| e) == epoch)
             .filter(|r| !stays(r.chunk.byte_range.end - r.chunk.byte_range.start))
             .collect();
-        let objects = warm_plan(packs, rows, WARM_PACK_BYTES);
+        let objects = warm_plan(packs, rows, WARM_PACK_BYTES, WARM_WAL_BYTES);
         let n = objects.len();
         let mut tickets = cold.warming(objects.iter().map(|(key, _, _)| key.clone()));
         let fetched = futures::stream::iter(objects)
@@ -674,13 +674,14 @@ impl Packer {
 
 /// What the warm-up reads, in order: of the packs' rows (oldest pack first), the
 /// newest packs whose spans fit in `pack_bytes`, a busy node's last minute of packs
-/// being far more than a cache keeps; then every object of the WAL rows, whatever
-/// their size, since read on demand they cost a GET per chunk, a pack a GET per
-/// piece.
+/// being far more than a cache keeps; then the objects of the WAL rows, oldest
+/// first, up to `wal_bytes`, a bound of its own, since read on demand they cost a
+/// GET per chunk, a pack a GET per piece.
 fn warm_plan(
     packs: Vec<IndexRow>,
     wal: Vec<IndexRow>,
     pack_bytes: u64,
+    wal_bytes: u64,
 ) -> Vec<(String, Vec<IndexRow>, Level)> {
     let mut objects = group_by_object(packs, Level::L0);
     let mut bytes = 0u64;
@@ -694,7 +695,16 @@ fn warm_plan(
         })
         .count();
     objects.drain(..objects.len() - keep);
-    objects.extend(group_by_object(wal, Level::Wal));
+    let mut bytes = 0u64;
+    objects.extend(
+        group_by_object(wal, Level::Wal)
+            .into_iter()
+            .take_while(|(_, rows, _)| {
+                let span = span_of(rows);
+                bytes += span.end - span.start;
+                bytes <= wal_bytes
+            }),
+    );
     objects
 }
 
@@ -730,10 +740,15 @@ const WARM_AT_ONCE: usize = 32;
 const WARM_PACKS_MAX: usize = 128;
 
 /// Bytes of packs the warm-up reads back, at most (the newest first): a quarter of
-/// the default block cache. What the log had not packed is read whatever its size
-/// (up to [`WARM_ROWS_MAX`] rows): read on demand it costs a GET per chunk, where a
-/// pack costs one per piece.
+/// the default block cache.
 const WARM_PACK_BYTES: u64 = 64 << 20;
+
+/// Bytes of WAL objects the warm-up reads back, at most (the oldest first), apart
+/// from the packs' share: what the log had not packed costs a GET per chunk when
+/// read on demand, where a pack costs one per piece, so it is not cut short for
+/// packs. About a second of a busy node's log is far less; the bound is for a
+/// packer that had fallen behind (the default block cache could not keep more).
+const WARM_WAL_BYTES: u64 = 256 << 20;
 
 /// Index rows the warm-up reads, at most (about `l0_objects_max` objects of them).
 const WARM_ROWS_MAX: u32 = 200_000;
@@ -832,7 +847,7 @@ mod tests {
             index_row(2, "wal/1", 5_000..9_000),
             index_row(1, "wal/2", 0..7_000),
         ];
-        let plan = warm_plan(packs.clone(), wal.clone(), 1_000);
+        let plan = warm_plan(packs.clone(), wal.clone(), 1_000, u64::MAX);
         assert_eq!(
             keys(&plan),
             [
@@ -843,9 +858,9 @@ mod tests {
             ],
             "the oldest pack does not fit; the WAL objects all go, after the packs"
         );
-        let all = warm_plan(packs.clone(), wal.clone(), 1_500);
+        let all = warm_plan(packs.clone(), wal.clone(), 1_500, u64::MAX);
         assert_eq!(all.len(), 5, "exactly the three packs fit");
-        let none = warm_plan(packs, wal, 399);
+        let none = warm_plan(packs.clone(), wal.clone(), 399, u64::MAX);
         assert_eq!(
             keys(&none),
             [
@@ -853,6 +868,18 @@ mod tests {
                 ("wal/2".into(), 1, Level::Wal)
             ],
             "no pack fits; the WAL objects still go"
+        );
+        // The WAL objects have a bound of their own (9,000 + 7,000 bytes), and
+        // the packs' budget is not spent on them.
+        let first = warm_plan(packs, wal, 1_000, 15_999);
+        assert_eq!(
+            keys(&first),
+            [
+                ("seg/b".into(), 2, Level::L0),
+                ("seg/c".into(), 1, Level::L0),
+                ("wal/1".into(), 2, Level::Wal),
+            ],
+            "the oldest WAL objects that fit"
         );
     }
 
