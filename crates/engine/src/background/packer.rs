@@ -591,9 +591,10 @@ impl Packer {
         packs.sort_unstable();
         let newest = &packs[packs.len().saturating_sub(WARM_PACKS_MAX)..];
         // Older data first: a reader catching up from the start meets it first.
-        let packs = match newest.is_empty() {
-            true => Vec::new(),
-            false => self.meta.rows_in_objects(newest).await?,
+        let packs = if newest.is_empty() {
+            Vec::new()
+        } else {
+            self.meta.rows_in_objects(newest).await?
         };
         // Only that log's objects: the keys of later logs (another member's, this
         // node's own next incarnation) sort after them, and what they hold is
@@ -684,28 +685,23 @@ fn warm_plan(
     wal_bytes: u64,
 ) -> Vec<(String, Vec<IndexRow>, Level)> {
     let mut objects = group_by_object(packs, Level::L0);
-    let mut bytes = 0u64;
-    let keep = objects
-        .iter()
-        .rev()
-        .take_while(|(_, rows, _)| {
-            let span = span_of(rows);
-            bytes += span.end - span.start;
-            bytes <= pack_bytes
-        })
-        .count();
+    let keep = objects.iter().rev().take_while(within(pack_bytes)).count();
     objects.drain(..objects.len() - keep);
-    let mut bytes = 0u64;
-    objects.extend(
-        group_by_object(wal, Level::Wal)
-            .into_iter()
-            .take_while(|(_, rows, _)| {
-                let span = span_of(rows);
-                bytes += span.end - span.start;
-                bytes <= wal_bytes
-            }),
-    );
+    let wal = group_by_object(wal, Level::Wal);
+    objects.extend(wal.into_iter().take_while(within(wal_bytes)));
     objects
+}
+
+/// For `take_while`: objects while their spans, added up, stay within `budget`.
+fn within<T: std::borrow::Borrow<(String, Vec<IndexRow>, Level)>>(
+    budget: u64,
+) -> impl FnMut(&T) -> bool {
+    let mut bytes = 0u64;
+    move |object| {
+        let span = span_of(&object.borrow().1);
+        bytes += span.end - span.start;
+        bytes <= budget
+    }
 }
 
 /// The bytes of one object that `rows` cover: rows come in stream order, not in the
@@ -827,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn the_warm_up_keeps_the_newest_packs_that_fit_and_every_wal_object() {
+    fn the_warm_up_keeps_the_newest_packs_and_the_oldest_wal_objects_each_within_its_bound() {
         let keys = |plan: &[(String, Vec<IndexRow>, Level)]| -> Vec<(String, usize, Level)> {
             plan.iter()
                 .map(|(k, r, l)| (k.clone(), r.len(), *l))
