@@ -30,6 +30,17 @@ pub mod mapped;
 pub mod retrying;
 pub mod routed;
 
+/// A put hint (in `PutOptions::extensions`): run the write and its sync on the
+/// calling thread rather than handing them to the blocking pool. The WAL writer sets
+/// it for a commit of one small op with no other upload in flight (a lone append, or
+/// one connection appending in sequence): there the pool's two thread hand-offs,
+/// each a wake-up of a sleeping core on a VM, cost about as much as the sync itself
+/// (docs/performance.md, "The lone append"). Blocking a runtime worker for one sync
+/// is cheap only while the node is that quiet, hence the conditions. Stores that do
+/// not write local files ignore it.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteOnCaller;
+
 /// Opens the object store named by `url`:
 /// - `file:///abs/path`: a local directory; every write is fsynced (file and
 ///   directory) before it returns, so an acknowledged append survives power loss.

@@ -337,6 +337,11 @@ struct Writer {
     newest_upload: Option<Instant>,
 }
 
+/// Largest WAL object whose write may run on the writer's own thread
+/// ([`crate::store::WriteOnCaller`]): a sequential writer's 64 KiB appends, not a
+/// multi-megabyte one, whose write and checksum would hold a runtime worker.
+const ON_CALLER_BYTES_MAX: usize = 256 << 10;
+
 type Upload = JoinHandle<Result<Encoded, ()>>;
 
 struct Encoded {
@@ -377,7 +382,7 @@ impl Writer {
                     || closed)
                 && budget_wait.is_none();
             if may_start {
-                let upload = self.start_flush();
+                let upload = self.start_flush(inflight.is_empty());
                 inflight.push_back(upload);
                 self.newest_upload = Some(Instant::now());
                 continue;
@@ -420,7 +425,9 @@ impl Writer {
         (elapsed < spacing).then(|| spacing - elapsed)
     }
 
-    fn start_flush(&mut self) -> Upload {
+    /// Takes what is buffered (up to `flush_bytes_max`) and starts its upload;
+    /// `alone`: no other upload is in flight.
+    fn start_flush(&mut self, alone: bool) -> Upload {
         let (subs, since) = {
             let mut buf = self.shared.buffer.lock().expect("wal buffer lock");
             let max = self.shared.config.flush_bytes_max;
@@ -455,7 +462,9 @@ impl Writer {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.last_put = Some(Instant::now());
+        let one_op = subs.len() == 1;
         let (bytes, chunks) = encode(self.epoch, seq, subs);
+        let on_caller = alone && one_op && bytes.len() <= ON_CALLER_BYTES_MAX;
         let key = crate::layout::wal_key(self.epoch, seq);
         let store = self.store.clone();
         let shared = self.shared.clone();
@@ -467,7 +476,7 @@ impl Writer {
             .then(|| bytes.clone());
         tokio::spawn(async move {
             let len = bytes.len();
-            upload(&*store, &key, bytes, &shared).await?;
+            upload(&*store, &key, bytes, on_caller, &shared).await?;
             Ok(Encoded {
                 key,
                 seq,
@@ -578,6 +587,7 @@ async fn upload(
     store: &dyn ObjectStore,
     key: &str,
     bytes: Bytes,
+    on_caller: bool,
     shared: &Shared,
 ) -> Result<(), ()> {
     let path = Path::from(key);
@@ -587,7 +597,13 @@ async fn upload(
     let mut attempt = 0u32;
     loop {
         let attempt_result = {
-            let put = attempt_put(store, &path, &bytes, shared.config.upload_attempt_timeout);
+            let put = attempt_put(
+                store,
+                &path,
+                &bytes,
+                on_caller,
+                shared.config.upload_attempt_timeout,
+            );
             tokio::pin!(put);
             loop {
                 tokio::select! {
@@ -632,12 +648,16 @@ async fn attempt_put(
     store: &dyn ObjectStore,
     path: &Path,
     bytes: &Bytes,
+    on_caller: bool,
     timeout: Duration,
 ) -> Attempt {
-    let opts = PutOptions {
+    let mut opts = PutOptions {
         mode: PutMode::Create,
         ..Default::default()
     };
+    if on_caller {
+        opts.extensions.insert(crate::store::WriteOnCaller);
+    }
     let put = store.put_opts(path, PutPayload::from(bytes.clone()), opts);
     match tokio::time::timeout(timeout, put).await {
         Err(_) => Attempt::Failed(format!("no answer within {timeout:?}")),

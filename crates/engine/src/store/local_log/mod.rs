@@ -665,13 +665,18 @@ impl ObjectStore for LocalLogStore {
                 implementer: STORE.into(),
             });
         }
-        let this = self.clone();
-        let path = location.clone();
-        let loc = blocking(move || {
+        let loc = if opts.extensions.get::<super::WriteOnCaller>().is_some() {
             let data: Bytes = payload.into();
-            this.put_blocking(&path, &data, &opts.mode)
-        })
-        .await?;
+            self.put_blocking(location, &data, &opts.mode)?
+        } else {
+            let this = self.clone();
+            let path = location.clone();
+            blocking(move || {
+                let data: Bytes = payload.into();
+                this.put_blocking(&path, &data, &opts.mode)
+            })
+            .await?
+        };
         Ok(PutResult {
             e_tag: Self::meta(location, &loc).e_tag,
             version: None,

@@ -487,3 +487,45 @@ async fn wal_files_of_earlier_versions_stay_readable() {
     assert_eq!(keys(&store).await, vec![key(2).to_string()]);
     assert!(!dir.0.join(key(1).as_ref()).exists());
 }
+
+/// A put written on the caller's thread (the WAL writer's hint for a lone commit)
+/// keeps every promise of one through the blocking pool: create-only, durable,
+/// readable, and there after reopening.
+#[tokio::test]
+async fn a_put_on_the_callers_thread_is_the_same_object() {
+    let dir = Dir::new("on-caller");
+    let store = dir.open(1 << 20);
+    let create = || {
+        let mut opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        opts.extensions.insert(crate::store::WriteOnCaller);
+        opts
+    };
+    store
+        .put_opts(&key(1), PutPayload::from(body(1, 300)), create())
+        .await
+        .unwrap();
+    store
+        .put_opts(
+            &key(2),
+            PutPayload::from(body(2, 5_000)),
+            PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    let again = store
+        .put_opts(&key(1), PutPayload::from(body(9, 300)), create())
+        .await;
+    assert!(
+        matches!(again, Err(object_store::Error::AlreadyExists { .. })),
+        "{again:?}"
+    );
+    drop(store);
+    let store = dir.open(1 << 20);
+    for (n, len) in [(1, 300), (2, 5_000)] {
+        let got = store.get(&key(n)).await.unwrap().bytes().await.unwrap();
+        assert_eq!(got, body(n, len));
+    }
+}
