@@ -64,12 +64,35 @@ pub const S3_BUCKET: &str = "picomq-tests";
 pub fn s3() -> &'static picomq_s3_test_server::S3Server {
     static S3: OnceLock<picomq_s3_test_server::S3Server> = OnceLock::new();
     S3.get_or_init(|| {
+        remove_dead_processes_dirs("picomq-test-s3-");
         let root = std::env::temp_dir().join(format!("picomq-test-s3-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("s3 root");
         picomq_s3_test_server::start_in_background(&root, &[S3_BUCKET])
             .expect("start the S3 test server")
     })
+}
+
+/// Removes the temp directories `PREFIX{pid}` of test processes that no longer run:
+/// a static is never dropped, so the S3 test server's directory (a few hundred MB
+/// after a suite) outlives its process. Linux only (`/proc/PID`).
+fn remove_dead_processes_dirs(prefix: &str) {
+    let (Ok(entries), true) = (
+        std::fs::read_dir(std::env::temp_dir()),
+        Path::new("/proc/self").exists(),
+    ) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// An `s3://` URL for `prefix` of the test bucket, every setting in the query.

@@ -172,11 +172,43 @@ struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(what: &str) -> TempFile {
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(remove_dead_processes_files);
         TempFile(std::env::temp_dir().join(format!(
             "picomq-{what}-{}-{:016x}.sqlite",
             std::process::id(),
             fastrand::u64(..)
         )))
+    }
+}
+
+/// Removes the temp files of processes that no longer run: a node killed while it
+/// wrote or restored a checkpoint never dropped its [`TempFile`]. Linux only (a
+/// process is alive while `/proc/PID` exists); elsewhere nothing is removed.
+fn remove_dead_processes_files() {
+    let (Ok(entries), true) = (
+        std::fs::read_dir(std::env::temp_dir()),
+        std::path::Path::new("/proc/self").exists(),
+    ) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("picomq-")) else {
+            continue;
+        };
+        let Some(rest) = ["checkpoint-", "restore-"]
+            .iter()
+            .find_map(|what| rest.strip_prefix(what))
+        else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid.filter(|&p| p != std::process::id()) {
+            if rest.contains(".sqlite") && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
@@ -401,6 +433,41 @@ impl Checkpointer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn temp_files_of_dead_processes_are_removed_and_live_ones_kept() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("reap");
+        let tmp = std::env::temp_dir();
+        let name = |pid: u32, what: &str, suffix: &str| {
+            tmp.join(format!(
+                "picomq-{what}-{pid}-00000000deadbeef.sqlite{suffix}"
+            ))
+        };
+        let gone = [
+            name(dead, "checkpoint", ""),
+            name(dead, "checkpoint", "-journal"),
+            name(dead, "restore", "-wal"),
+        ];
+        // This process's own (an export under way) and a name not ours.
+        let kept = [
+            name(std::process::id(), "checkpoint", ""),
+            tmp.join(format!("picomq-other-{dead}-1.sqlite")),
+        ];
+        for p in gone.iter().chain(&kept) {
+            std::fs::write(p, b"x").unwrap();
+        }
+        remove_dead_processes_files();
+        for p in &gone {
+            assert!(!p.exists(), "{} should be removed", p.display());
+        }
+        for p in &kept {
+            assert!(p.exists(), "{} should be kept", p.display());
+            std::fs::remove_file(p).unwrap();
+        }
+    }
 
     #[test]
     fn encode_decode_round_trip_and_corruption_is_detected() {
