@@ -665,7 +665,11 @@ impl ObjectStore for LocalLogStore {
                 implementer: STORE.into(),
             });
         }
-        let loc = if opts.extensions.get::<super::WriteOnCaller>().is_some() {
+        // On the caller only while this store is the directory's writer: taking the
+        // lock from another process may wait for it, which must not hold a worker.
+        let on_caller = opts.extensions.get::<super::WriteOnCaller>().is_some()
+            && self.state().writer.is_some();
+        let loc = if on_caller {
             let data: Bytes = payload.into();
             self.put_blocking(location, &data, &opts.mode)?
         } else {
