@@ -250,9 +250,10 @@ async fn a_crash_between_a_packs_write_and_its_commit_loses_nothing() {
 const WRITERS: usize = 8;
 
 /// Creates `/load/s0..s7` (JSON) and appends to each without a pause, one append in
-/// flight per stream, for 1.5 s (long enough for L0 packs to exist beside a tail
-/// only in the WAL); then stops the server (`kill` = kill -9, else SIGTERM) with
-/// every writer's append in flight. Returns what each writer had acknowledged.
+/// flight per stream, for at least 1.5 s and until the packer has written a pack (so
+/// L0 packs exist beside a tail only in the WAL, however slow the machine); then
+/// stops the server (`kill` = kill -9, else SIGTERM) with every writer's append in
+/// flight. Returns what each writer had acknowledged.
 async fn load_then_stop(server: &mut Server, stop: &str) -> Vec<usize> {
     for w in 0..WRITERS {
         let r = server
@@ -292,7 +293,12 @@ async fn load_then_stop(server: &mut Server, stop: &str) -> Vec<usize> {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let started = std::time::Instant::now();
+    support::eventually(Duration::from_secs(60), || async {
+        let packs = support::metric(&server.client, "picomq_pack_objects_written_total").await;
+        (packs > 0.0 && started.elapsed() >= Duration::from_millis(1_500)).then_some(())
+    })
+    .await;
     match stop {
         "kill" => server.kill9(),
         _ => {
