@@ -2,7 +2,19 @@
 //! request: `write!` of one integer costs ~1,000 instructions, these a few dozen.
 
 /// Appends `n` in decimal.
-pub fn push_decimal(out: &mut String, mut n: u64) {
+pub fn push_decimal(out: &mut String, n: u64) {
+    let (digits, at) = decimal(n);
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+}
+
+/// Appends `n` in decimal to bytes.
+pub fn push_decimal_bytes(out: &mut Vec<u8>, n: u64) {
+    let (digits, at) = decimal(n);
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// `n`'s decimal digits, in `digits[at..]`.
+fn decimal(mut n: u64) -> ([u8; 20], usize) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -13,7 +25,7 @@ pub fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+    (digits, at)
 }
 
 /// Appends `n` in lowercase hexadecimal, without leading zeros.
@@ -37,6 +49,9 @@ mod tests {
             let mut decimal = String::from("x");
             push_decimal(&mut decimal, n);
             assert_eq!(decimal, format!("x{n}"));
+            let mut bytes = b"x".to_vec();
+            push_decimal_bytes(&mut bytes, n);
+            assert_eq!(bytes, format!("x{n}").into_bytes());
             let mut hex = b"x".to_vec();
             push_hex(&mut hex, n);
             assert_eq!(String::from_utf8(hex).unwrap(), format!("x{n:x}"));

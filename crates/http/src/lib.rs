@@ -11,6 +11,7 @@ pub mod digits;
 pub mod ds;
 pub mod error;
 pub mod groups;
+pub mod h1;
 pub mod headers;
 pub mod limits;
 pub mod listing;

@@ -43,6 +43,9 @@ pub struct ServerOptions {
     /// Give each request its client address (`ConnectInfo`), for per-IP limits; off,
     /// requests carry no extension (an allocation saved per request).
     pub peer_address: bool,
+    /// Plain-TCP HTTP/1.1 connections are served by PicoMQ's own loop (`h1`); off,
+    /// by hyper like TLS and HTTP/2 ones.
+    pub own_http1: bool,
 }
 
 impl Default for ServerOptions {
@@ -53,6 +56,7 @@ impl Default for ServerOptions {
             connections_max: 10_000,
             tls: None,
             peer_address: false,
+            own_http1: true,
         }
     }
 }
@@ -199,6 +203,22 @@ async fn connection(
     drains: &Drains,
 ) {
     match &options.tls {
+        None if options.own_http1 => {
+            let limits = crate::h1::Limits {
+                header_read_timeout: options.header_read_timeout,
+                header_bytes_max: options.header_bytes_max,
+                peer_address: options.peer_address,
+            };
+            let drain = drains.register();
+            let ended =
+                crate::h1::serve(tcp, peer, app.clone(), &limits, |cx| drain.fired(cx)).await;
+            drop(drain);
+            if let crate::h1::Ended::Http2(tcp, read) = ended {
+                // HTTP/2 with prior knowledge: hyper reads the preface again.
+                let io = Rewind { read, inner: tcp };
+                serve_io(TokioIo::new(io), peer, app, options, drains).await;
+            }
+        }
         None => serve_io(TokioIo::new(tcp), peer, app, options, drains).await,
         Some(tls) => {
             let handshake = tls.acceptor().accept(tcp);
@@ -280,6 +300,63 @@ async fn serve_io<I>(
         // Polled again at once: the shutdown may let it finish now.
     })
     .await;
+}
+
+/// A socket with the bytes already read from it put back in front.
+struct Rewind {
+    read: bytes::Bytes,
+    inner: TcpStream,
+}
+
+impl tokio::io::AsyncRead for Rewind {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.read.is_empty() {
+            let n = self.read.len().min(buf.remaining());
+            buf.put_slice(&self.read.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// The open connections, told to finish their requests and close when the server

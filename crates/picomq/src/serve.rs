@@ -127,6 +127,10 @@ pub struct SecurityArgs {
     /// keep-alive connections close after it too (defeats slow-loris clients).
     #[arg(long, env = "PICOMQ_HEADER_READ_TIMEOUT", default_value_t = human(defaults().server.header_read_timeout))]
     pub header_read_timeout: HumanDuration,
+    /// What serves plain-TCP HTTP/1.1 connections: picomq (the server's own loop) or
+    /// hyper. TLS and HTTP/2 connections are always served by hyper.
+    #[arg(long, env = "PICOMQ_HTTP1_SERVER", default_value = "picomq", value_parser = ["picomq", "hyper"])]
+    pub http1_server: String,
     /// A request body must arrive within this long, else 408.
     #[arg(long, env = "PICOMQ_BODY_READ_TIMEOUT", default_value_t = human(defaults().http.body_read_timeout))]
     pub body_read_timeout: HumanDuration,
@@ -371,6 +375,7 @@ impl SecurityArgs {
         config.auth_limits.streams_per_namespace_max = self.max_streams_per_namespace;
         config.server.header_read_timeout = self.header_read_timeout.0;
         config.server.header_bytes_max = self.max_header_bytes.bytes();
+        config.server.own_http1 = self.http1_server == "picomq";
         config.server.connections_max = self.max_connections;
         Ok(())
     }
