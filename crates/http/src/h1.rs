@@ -67,7 +67,7 @@ const BODY_READ_CHUNK: usize = 64 * 1024;
 const CHUNK_LINE_MAX: usize = 4096;
 const TRAILERS_MAX: usize = 16 * 1024;
 /// Response bytes gathered from a body before they are written.
-const WRITE_GATHER_MAX: usize = 256 * 1024;
+const WRITE_GATHER_MAX: usize = 1024 * 1024;
 /// Slices in one `writev`.
 const IOV_MAX: usize = 64;
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
