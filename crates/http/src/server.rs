@@ -2,7 +2,9 @@
 //! reloadable at run time), with the limits that keep slow or idle clients from
 //! holding the server: a cap on open connections, a deadline for the TLS handshake
 //! and for each request head (slow-loris), and a header size limit. Request bodies
-//! get their own deadline where they are read (`ds::read_body`).
+//! get their own deadline where they are read (`request::read_body`). Plain-TCP
+//! connections are served by the server's own HTTP/1.1 loop (`h1`) unless
+//! `own_http1` is off; TLS and HTTP/2 (prior knowledge included) by hyper.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
