@@ -212,6 +212,11 @@ mod tests {
 
     #[tokio::test]
     async fn requests_succeed_through_a_store_failing_a_third_of_them() {
+        // The faults are drawn from this thread's generator (the test runs on a
+        // current-thread runtime): seeded, the run is the same every time. Unseeded,
+        // eight failures in a row (0.3^8 per request, ~100 requests) failed about one
+        // run in 150.
+        fastrand::seed(0x5eed_0042);
         let (faulty, control) = FaultyStore::new(Arc::new(InMemory::new()));
         control.set_error_rate(0.3);
         let store = RetryingStore::new(faulty);
