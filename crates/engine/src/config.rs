@@ -15,10 +15,12 @@ pub struct WalConfig {
     /// Uploads allowed in flight at once.
     pub uploads_in_flight_max: usize,
     /// While uploads are in flight, also start another once the newest has run this
-    /// long (and something is buffered). Trades PUTs for commit latency where PUTs
-    /// are independent (S3, 20 ms per request, 10 ms: ack p99 47 -> 35 ms for 2.2x the
-    /// PUTs, benchmarks/overlap.sh);
-    /// on a local disk concurrent fsyncs slow each other, so `None` (off) by default.
+    /// long (and something is buffered; zero: at once). Trades PUTs for commit
+    /// latency where PUTs are independent (S3, 20 ms per request, 10 ms: ack p99 47 ->
+    /// 35 ms for 2.2x the PUTs, benchmarks/overlap.sh). On the local log zero keeps
+    /// the syncs back to back, which a VM serves far faster than spaced ones (up to
+    /// 1.4x the batched appends), but a restart's warm-up then leaves records to the
+    /// readers (docs/performance.md, "Syncs back to back"): `None` (off) by default.
     pub overlap_after: Option<Duration>,
     /// Bytes accepted but not yet durable; past this, appends get 503 (back-pressure).
     pub buffer_bytes_max: usize,

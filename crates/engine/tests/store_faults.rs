@@ -222,11 +222,11 @@ async fn reads_from_a_failing_store_fail_instead_of_shortening() {
 /// one upload at a time. Acknowledgements keep the log's order either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_upload_is_overlapped_only_when_configured() {
-    for overlap in [None, Some(Duration::from_millis(50))] {
-        let tag = if overlap.is_some() {
-            "overlap"
-        } else {
-            "one-at-a-time"
+    for overlap in [None, Some(Duration::from_millis(50)), Some(Duration::ZERO)] {
+        let tag = match overlap {
+            None => "one-at-a-time",
+            Some(d) if d.is_zero() => "overlap-at-once",
+            Some(_) => "overlap",
         };
         let (store, faults) = FaultyStore::new(s3_store(tag));
         let mut config = fast_config();

@@ -23,6 +23,36 @@ pub enum AuthMode {
     Off,
 }
 
+/// `--wal-overlap-after`: when another WAL upload may start while one is in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalOverlap {
+    /// Only once `pipeline_bytes_min` is buffered.
+    Off,
+    /// Once the newest upload in flight has run this long (zero: at once).
+    After(Duration),
+}
+
+impl std::str::FromStr for WalOverlap {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("off") {
+            return Ok(WalOverlap::Off);
+        }
+        picomq_engine::units::parse_duration(s)
+            .map(WalOverlap::After)
+            .map_err(|e| format!("{e} (or `off`)"))
+    }
+}
+
+impl std::fmt::Display for WalOverlap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalOverlap::Off => f.write_str("off"),
+            WalOverlap::After(d) => f.write_str(&picomq_engine::units::format_duration(*d)),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The API port.
@@ -45,6 +75,9 @@ pub struct Config {
     /// Compaction's object-store request budget; `None`: the engine's default on a
     /// bucket, unlimited when every store is local (their requests cost nothing).
     pub compaction_requests_per_sec: Option<f64>,
+    /// When a WAL upload may start while others are in flight; `None`: the engine's
+    /// setting (off unless set there).
+    pub wal_overlap: Option<WalOverlap>,
     pub engine: EngineConfig,
     /// The edge's settings (its shutdown signal and tokens are the node's own at
     /// start, whatever is set here).
@@ -93,6 +126,7 @@ impl Default for Config {
             store_latency: None,
             store_error_rate: None,
             compaction_requests_per_sec: None,
+            wal_overlap: None,
             engine: EngineConfig::default(),
             http: HttpConfig::default(),
             server: ServerOptions::default(),
@@ -187,9 +221,6 @@ impl Config {
             .is_some_and(|r| !(0.0..1.0).contains(&r))
         {
             return Err("--store-error-rate must be at least 0 and below 1".into());
-        }
-        if e.wal.overlap_after.is_some_and(|d| d.is_zero()) {
-            return Err("--wal-overlap-after must be greater than 0".into());
         }
         if self.auth_limits.streams_per_namespace_max == Some(0) {
             return Err("--max-streams-per-namespace must be greater than 0".into());
@@ -348,6 +379,11 @@ impl Config {
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
         engine.pack.write_through = !local || self.store_latency.is_some();
+        engine.wal.overlap_after = match self.wal_overlap {
+            Some(WalOverlap::Off) => None,
+            Some(WalOverlap::After(after)) => Some(after),
+            None => engine.wal.overlap_after,
+        };
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
             Some(rate) => rate,
             // The local store's requests are reads and writes of local files: only
@@ -423,6 +459,33 @@ mod tests {
         assert_eq!(stay("s3://bucket/prefix", None), Some(1 << 20));
         assert_eq!(stay("file:///x", Some("s3://wal")), None);
         assert_eq!(stay("s3://bucket/prefix", Some("s3://express/wal")), None);
+    }
+
+    #[test]
+    fn wal_overlap_is_off_unless_set_and_zero_means_at_once() {
+        let overlap = |store: &str, set: Option<&str>| {
+            let config = Config {
+                store: Some(store.into()),
+                wal_overlap: set.map(|s| s.parse().unwrap()),
+                ..Config::default()
+            };
+            config.engine_config().unwrap().wal.overlap_after
+        };
+        assert_eq!(overlap("file:///var/lib/picomq/objects", None), None);
+        assert_eq!(overlap("s3://bucket/prefix", None), None);
+        assert_eq!(overlap("file:///x", Some("off")), None);
+        assert_eq!(overlap("file:///x", Some("OFF")), None);
+        assert_eq!(overlap("file:///x", Some("0")), Some(Duration::ZERO));
+        assert_eq!(
+            overlap("s3://bucket", Some("10ms")),
+            Some(Duration::from_millis(10))
+        );
+        for bad in ["", "soon", "-1ms", "10 parsecs"] {
+            let err = bad.parse::<WalOverlap>().unwrap_err();
+            assert!(err.contains("off"), "{bad}: {err}");
+        }
+        assert_eq!(WalOverlap::Off.to_string(), "off");
+        assert_eq!(WalOverlap::After(Duration::ZERO).to_string(), "0s");
     }
 
     #[test]

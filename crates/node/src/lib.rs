@@ -23,7 +23,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use config::{AuthMode, Config};
+pub use config::{AuthMode, Config, WalOverlap};
 use recovering::Recovering;
 
 /// Where a node is in its life.

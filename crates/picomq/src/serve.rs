@@ -217,10 +217,11 @@ pub struct ServeArgs {
     #[arg(long, env = "PICOMQ_WAL_MAX_INFLIGHT", default_value_t = defaults().engine.wal.uploads_in_flight_max)]
     pub wal_max_inflight: usize,
     /// Start another WAL upload while one is in flight once the newest has run this
-    /// long (e.g. 10ms on S3): lower commit latency for more PUTs. Off by default;
-    /// on a local disk concurrent fsyncs slow each other [default: off].
+    /// long (e.g. 10ms on S3: lower commit latency for more PUTs; `0`: at once, up to
+    /// 1.4x the batched appends on a local disk, see docs/performance.md), or `off`:
+    /// only once 1 MiB waits [default: off].
     #[arg(long, env = "PICOMQ_WAL_OVERLAP_AFTER")]
-    pub wal_overlap_after: Option<HumanDuration>,
+    pub wal_overlap_after: Option<picomq_node::WalOverlap>,
     /// Accepted-but-not-durable bytes; beyond this appends get 503.
     #[arg(long, env = "PICOMQ_WAL_BUFFER_BYTES", default_value_t = size(defaults().engine.wal.buffer_bytes_max))]
     pub wal_buffer_bytes: Size,
@@ -319,11 +320,11 @@ impl ServeArgs {
         config.lease = self.lease.0;
         config.store_latency = self.store_latency.map(|d| d.0);
         config.store_error_rate = self.store_error_rate;
+        config.engine.wal.uploads_in_flight_max = self.wal_max_inflight;
+        config.wal_overlap = self.wal_overlap_after;
         config.shutdown_timeout = self.shutdown_timeout.0;
         let e = &mut config.engine;
         e.wal.flush_bytes_max = self.wal_max_object_bytes.bytes();
-        e.wal.uploads_in_flight_max = self.wal_max_inflight;
-        e.wal.overlap_after = self.wal_overlap_after.map(|d| d.0);
         e.wal.buffer_bytes_max = self.wal_buffer_bytes.bytes();
         e.wal.max_writes_per_sec = self.max_writes_per_sec;
         e.append_timeout = self.append_timeout.0;

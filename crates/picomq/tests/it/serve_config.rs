@@ -233,7 +233,7 @@ fn invalid_configuration_fails_at_start_naming_the_option() {
     assert!(err.contains("max-append-bytes"), "{err}");
     let err = refuse(dir.path(), &["--log-format", "yaml"], &[]);
     assert!(err.contains("log-format"), "{err}");
-    let err = refuse(dir.path(), &["--wal-overlap-after", "0s"], &[]);
+    let err = refuse(dir.path(), &["--wal-overlap-after", "soon"], &[]);
     assert!(err.contains("wal-overlap-after"), "{err}");
 }
 
