@@ -19,8 +19,9 @@ pub struct WalConfig {
     /// latency where PUTs are independent (S3, 20 ms per request, 10 ms: ack p99 47 ->
     /// 35 ms for 2.2x the PUTs, benchmarks/overlap.sh). On the local log zero keeps
     /// the syncs back to back, which a VM serves far faster than spaced ones (up to
-    /// 1.4x the batched appends), but a restart's warm-up then leaves records to the
-    /// readers (docs/performance.md, "Syncs back to back"): `None` (off) by default.
+    /// 1.4x the batched appends), but with more WAL objects a restart's warm-up may
+    /// leave more records to the readers (docs/performance.md, "Syncs back to back"):
+    /// `None` (off) by default.
     pub overlap_after: Option<Duration>,
     /// Bytes accepted but not yet durable; past this, appends get 503 (back-pressure).
     pub buffer_bytes_max: usize,

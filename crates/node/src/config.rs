@@ -32,6 +32,16 @@ pub enum WalOverlap {
     After(Duration),
 }
 
+impl WalOverlap {
+    /// The engine's `WalConfig::overlap_after`.
+    pub fn after(self) -> Option<Duration> {
+        match self {
+            WalOverlap::Off => None,
+            WalOverlap::After(after) => Some(after),
+        }
+    }
+}
+
 impl std::str::FromStr for WalOverlap {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -75,9 +85,6 @@ pub struct Config {
     /// Compaction's object-store request budget; `None`: the engine's default on a
     /// bucket, unlimited when every store is local (their requests cost nothing).
     pub compaction_requests_per_sec: Option<f64>,
-    /// When a WAL upload may start while others are in flight; `None`: the engine's
-    /// setting (off unless set there).
-    pub wal_overlap: Option<WalOverlap>,
     pub engine: EngineConfig,
     /// The edge's settings (its shutdown signal and tokens are the node's own at
     /// start, whatever is set here).
@@ -126,7 +133,6 @@ impl Default for Config {
             store_latency: None,
             store_error_rate: None,
             compaction_requests_per_sec: None,
-            wal_overlap: None,
             engine: EngineConfig::default(),
             http: HttpConfig::default(),
             server: ServerOptions::default(),
@@ -379,11 +385,6 @@ impl Config {
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
         engine.pack.write_through = !local || self.store_latency.is_some();
-        engine.wal.overlap_after = match self.wal_overlap {
-            Some(WalOverlap::Off) => None,
-            Some(WalOverlap::After(after)) => Some(after),
-            None => engine.wal.overlap_after,
-        };
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
             Some(rate) => rate,
             // The local store's requests are reads and writes of local files: only
@@ -463,23 +464,20 @@ mod tests {
 
     #[test]
     fn wal_overlap_is_off_unless_set_and_zero_means_at_once() {
-        let overlap = |store: &str, set: Option<&str>| {
+        let overlap = |store: &str| {
             let config = Config {
                 store: Some(store.into()),
-                wal_overlap: set.map(|s| s.parse().unwrap()),
                 ..Config::default()
             };
             config.engine_config().unwrap().wal.overlap_after
         };
-        assert_eq!(overlap("file:///var/lib/picomq/objects", None), None);
-        assert_eq!(overlap("s3://bucket/prefix", None), None);
-        assert_eq!(overlap("file:///x", Some("off")), None);
-        assert_eq!(overlap("file:///x", Some("OFF")), None);
-        assert_eq!(overlap("file:///x", Some("0")), Some(Duration::ZERO));
-        assert_eq!(
-            overlap("s3://bucket", Some("10ms")),
-            Some(Duration::from_millis(10))
-        );
+        assert_eq!(overlap("file:///var/lib/picomq/objects"), None);
+        assert_eq!(overlap("s3://bucket/prefix"), None);
+        let set = |s: &str| s.parse::<WalOverlap>().unwrap().after();
+        assert_eq!(set("off"), None);
+        assert_eq!(set("OFF"), None);
+        assert_eq!(set("0"), Some(Duration::ZERO));
+        assert_eq!(set("10ms"), Some(Duration::from_millis(10)));
         for bad in ["", "soon", "-1ms", "10 parsecs"] {
             let err = bad.parse::<WalOverlap>().unwrap_err();
             assert!(err.contains("off"), "{bad}: {err}");

@@ -320,11 +320,13 @@ impl ServeArgs {
         config.lease = self.lease.0;
         config.store_latency = self.store_latency.map(|d| d.0);
         config.store_error_rate = self.store_error_rate;
-        config.engine.wal.uploads_in_flight_max = self.wal_max_inflight;
-        config.wal_overlap = self.wal_overlap_after;
         config.shutdown_timeout = self.shutdown_timeout.0;
         let e = &mut config.engine;
         e.wal.flush_bytes_max = self.wal_max_object_bytes.bytes();
+        e.wal.uploads_in_flight_max = self.wal_max_inflight;
+        e.wal.overlap_after = self
+            .wal_overlap_after
+            .and_then(picomq_node::WalOverlap::after);
         e.wal.buffer_bytes_max = self.wal_buffer_bytes.bytes();
         e.wal.max_writes_per_sec = self.max_writes_per_sec;
         e.append_timeout = self.append_timeout.0;
