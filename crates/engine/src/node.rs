@@ -219,13 +219,13 @@ impl Engine {
             config.pack.clone(),
             cold.cache().enabled().then(|| cold.shared_cache()),
         ));
-        // Where the last incarnation's recent history is (see `Packer::warm`): WAL
-        // objects from a little before what it wrote last, and its packs.
+        // Where the last incarnation's recent history is (see `Packer::warm`): the
+        // rows still in its WAL objects, and its packs.
         let warm_from = match coordinator {
             Some(_) => None,
             None => meta.watermark().await?,
         };
-        let warm_from = warm_from.map(|w| WarmFrom::end_of_log(w.epoch, w.next_seq, &config.pack));
+        let warm_from = warm_from.map(|w| WarmFrom::log(w.epoch));
         let feed_packer = || -> indexer::OnApplied {
             match config.pack.interval {
                 Some(_) => {
@@ -314,9 +314,9 @@ impl Engine {
             let (service, node) = (self.service.clone(), Arc::downgrade(&self.node));
             let _ = takeover
                 .warm
-                .set(Box::new(move |epoch, end| match node.upgrade() {
+                .set(Box::new(move |epoch| match node.upgrade() {
                     Some(node) => {
-                        let from = WarmFrom::end_of_log(epoch, end, &service.inner.config.pack);
+                        let from = WarmFrom::log(epoch);
                         Engine {
                             service: service.clone(),
                             node,

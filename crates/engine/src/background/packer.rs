@@ -552,20 +552,22 @@ fn pieces_of(stream_id: u64, runs: &[Run], max: usize) -> Vec<Piece> {
 
 /// Where a restart's warm-up looks for recent history.
 pub struct WarmFrom {
-    /// WAL objects from this key on (those near the end of the log).
+    /// The prefix of the last incarnation's WAL objects (its log): the rows still
+    /// there are what it had not packed.
     pub wal: String,
     /// Packs of the last incarnation: under this prefix, the newest ones.
     pub packs: String,
 }
 
 impl WarmFrom {
-    /// The recent history of `epoch`'s log, which ends before object `end`: its WAL
-    /// objects from `8 x l0_objects_max` before the end (rows already packed no
-    /// longer point there, so only what it had not packed is read) and its packs.
-    pub fn end_of_log(epoch: u64, end: u64, config: &PackConfig) -> WarmFrom {
-        let back = 8 * config.l0_objects_max as u64;
+    /// The recent history of `epoch`'s log: the rows still in its WAL objects (rows
+    /// packed no longer point there), newest first, and its packs. No window of
+    /// objects before the end: how many objects a second of the log takes depends on
+    /// how often the WAL syncs, and a packer that shed its buffer leaves rows behind
+    /// any such window.
+    pub fn log(epoch: u64) -> WarmFrom {
         WarmFrom {
-            wal: crate::layout::wal_key(epoch, end.saturating_sub(back)),
+            wal: format!("{}/", crate::layout::wal_epoch_prefix(epoch)),
             packs: crate::layout::segments_of(epoch),
         }
     }
@@ -596,22 +598,16 @@ impl Packer {
         } else {
             self.meta.rows_in_objects(newest).await?
         };
-        // Only that log's objects: the keys of later logs (another member's, this
-        // node's own next incarnation) sort after them, and what they hold is
-        // their writer's to pack; two packers relocating the same span would
-        // each replace the other's rows.
-        let epoch = crate::layout::parse_wal_key(&from.wal).map(|(e, _)| e);
-        // Rows that stay in the WAL for good are left to the readers, whom they cost
-        // a GET of a piece's size each, like any pack's piece.
-        let stays = self.rows_stay();
+        // Only that log's objects: what later logs hold (another member's, this
+        // node's own next incarnation) is their writer's to pack; two packers
+        // relocating the same span would each replace the other's rows. Rows that
+        // stay in the WAL for good are left to the readers, whom they cost a GET of
+        // a piece's size each, like any pack's piece.
+        let stays_from = self.compactor.config().wal_rows_final_bytes;
         let rows: Vec<IndexRow> = self
             .meta
-            .rows_in_wal_from(&from.wal, WARM_ROWS_MAX)
-            .await?
-            .into_iter()
-            .filter(|r| crate::layout::parse_wal_key(&r.chunk.object_key).map(|(e, _)| e) == epoch)
-            .filter(|r| !stays(r.chunk.byte_range.end - r.chunk.byte_range.start))
-            .collect();
+            .wal_rows_newest_first(&from.wal, stays_from.unwrap_or(u64::MAX), WARM_ROWS_MAX)
+            .await?;
         let objects = warm_plan(packs, rows, WARM_PACK_BYTES, WARM_WAL_BYTES);
         let n = objects.len();
         let mut tickets = cold.warming(objects.iter().map(|(key, _, _)| key.clone()));
@@ -675,20 +671,24 @@ impl Packer {
 
 /// What the warm-up reads, in order: of the packs' rows (oldest pack first), the
 /// newest packs whose spans fit in `pack_bytes`, a busy node's last minute of packs
-/// being far more than a cache keeps; then the objects of the WAL rows, oldest
-/// first, up to `wal_bytes`, a bound of its own, since read on demand they cost a
-/// GET per chunk, a pack a GET per piece.
+/// being far more than a cache keeps; then of the WAL rows (newest object first),
+/// the newest objects whose spans fit in `wal_bytes`, oldest first, a bound of its
+/// own, since read on demand they cost a GET per chunk, a pack a GET per piece.
 fn warm_plan(
     packs: Vec<IndexRow>,
-    wal: Vec<IndexRow>,
+    wal_newest_first: Vec<IndexRow>,
     pack_bytes: u64,
     wal_bytes: u64,
 ) -> Vec<(String, Vec<IndexRow>, Level)> {
     let mut objects = group_by_object(packs, Level::L0);
     let keep = objects.iter().rev().take_while(within(pack_bytes)).count();
     objects.drain(..objects.len() - keep);
-    let wal = group_by_object(wal, Level::Wal);
-    objects.extend(wal.into_iter().take_while(within(wal_bytes)));
+    let mut wal: Vec<_> = group_by_object(wal_newest_first, Level::Wal)
+        .into_iter()
+        .take_while(within(wal_bytes))
+        .collect();
+    wal.reverse();
+    objects.extend(wal);
     objects
 }
 
@@ -739,14 +739,15 @@ const WARM_PACKS_MAX: usize = 128;
 /// the default block cache.
 const WARM_PACK_BYTES: u64 = 64 << 20;
 
-/// Bytes of WAL objects the warm-up reads back, at most (the oldest first), apart
+/// Bytes of WAL objects the warm-up reads back, at most (the newest), apart
 /// from the packs' share: what the log had not packed costs a GET per chunk when
 /// read on demand, where a pack costs one per piece, so it is not cut short for
 /// packs. About a second of a busy node's log is far less; the bound is for a
 /// packer that had fallen behind (the default block cache could not keep more).
 const WARM_WAL_BYTES: u64 = 256 << 20;
 
-/// Index rows the warm-up reads, at most (about `l0_objects_max` objects of them).
+/// Index rows the warm-up reads, at most (the newest): 200,000 rows of a few hundred
+/// bytes are far more than `WARM_WAL_BYTES` of a busy log's small chunks.
 const WARM_ROWS_MAX: u32 = 200_000;
 
 impl std::fmt::Debug for Packer {
@@ -823,14 +824,15 @@ mod tests {
     }
 
     #[test]
-    fn the_warm_up_keeps_the_newest_packs_and_the_oldest_wal_objects_each_within_its_bound() {
+    fn the_warm_up_keeps_the_newest_packs_and_wal_objects_each_within_its_bound() {
         let keys = |plan: &[(String, Vec<IndexRow>, Level)]| -> Vec<(String, usize, Level)> {
             plan.iter()
                 .map(|(k, r, l)| (k.clone(), r.len(), *l))
                 .collect()
         };
         // Three packs of 600, 500 and 400 bytes (rows out of byte order in the
-        // middle one), and WAL objects that together are far more than the budget.
+        // middle one), and WAL objects (newest first, as the index gives them) that
+        // together are far more than the budget.
         let packs = vec![
             index_row(1, "seg/a", 0..300),
             index_row(2, "seg/a", 300..600),
@@ -839,9 +841,9 @@ mod tests {
             index_row(1, "seg/c", 100..500),
         ];
         let wal = vec![
+            index_row(1, "wal/2", 0..7_000),
             index_row(1, "wal/1", 0..5_000),
             index_row(2, "wal/1", 5_000..9_000),
-            index_row(1, "wal/2", 0..7_000),
         ];
         let plan = warm_plan(packs.clone(), wal.clone(), 1_000, u64::MAX);
         assert_eq!(
@@ -852,7 +854,7 @@ mod tests {
                 ("wal/1".into(), 2, Level::Wal),
                 ("wal/2".into(), 1, Level::Wal),
             ],
-            "the oldest pack does not fit; the WAL objects all go, after the packs"
+            "the oldest pack does not fit; the WAL objects all go, after the packs, oldest first"
         );
         let all = warm_plan(packs.clone(), wal.clone(), 1_500, u64::MAX);
         assert_eq!(all.len(), 5, "exactly the three packs fit");
@@ -865,17 +867,17 @@ mod tests {
             ],
             "no pack fits; the WAL objects still go"
         );
-        // The WAL objects have a bound of their own (9,000 + 7,000 bytes), and
+        // The WAL objects have a bound of their own (7,000 + 9,000 bytes), and
         // the packs' budget is not spent on them.
-        let first = warm_plan(packs, wal, 1_000, 15_999);
+        let newest = warm_plan(packs, wal, 1_000, 15_999);
         assert_eq!(
-            keys(&first),
+            keys(&newest),
             [
                 ("seg/b".into(), 2, Level::L0),
                 ("seg/c".into(), 1, Level::L0),
-                ("wal/1".into(), 2, Level::Wal),
+                ("wal/2".into(), 1, Level::Wal),
             ],
-            "the oldest WAL objects that fit"
+            "the newest WAL objects that fit"
         );
     }
 

@@ -48,9 +48,9 @@ pub(crate) struct Takeover {
     pub(crate) warm: std::sync::OnceLock<Warm>,
 }
 
-/// Starts a warm-up of the recent history of log `epoch`, which ends before object
-/// `end` (`WarmFrom::end_of_log`); the receiver answers once it is in the cache.
-pub(crate) type Warm = Box<dyn Fn(u64, u64) -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
+/// Starts a warm-up of the recent history of log `epoch` (`WarmFrom::log`); the
+/// receiver answers once it is in the cache.
+pub(crate) type Warm = Box<dyn Fn(u64) -> tokio::sync::oneshot::Receiver<()> + Send + Sync>;
 
 impl Takeover {
     /// Takes `dead` over if it is still up for it; the objects indexed, or `None`
@@ -105,7 +105,7 @@ impl Takeover {
         // most: the first reads of its streams through this node find it there, and
         // its WAL data is packed at once.
         if let Some(warm) = self.warm.get() {
-            let _ = tokio::time::timeout(crate::node::WARM_WAIT, warm(dead, seq)).await;
+            let _ = tokio::time::timeout(crate::node::WARM_WAIT, warm(dead)).await;
         }
         c.coord.finish_takeover(c.epoch, dead).await?;
         c.stats.takeovers.inc();

@@ -147,9 +147,16 @@ pub trait MetaStore: Send + Sync + 'static {
         smaller_than: u64,
         limit: u32,
     ) -> Result<Vec<IndexRow>>;
-    /// Index rows in WAL objects whose keys sort at or after `from`, oldest object
-    /// first: the newest data still only in the WAL.
-    async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>>;
+    /// Index rows of fewer than `smaller_than` bytes in the WAL objects whose keys
+    /// start with `log` (one log's: `layout::wal_epoch_prefix` and a slash; every
+    /// log's: `wal/`), the newest object first, each object's rows together in
+    /// stream order; at most `limit`: the newest data still only in the WAL.
+    async fn wal_rows_newest_first(
+        &self,
+        log: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>>;
     /// Index rows in the objects `keys`, grouped by object.
     async fn rows_in_objects(&self, keys: &[String]) -> Result<Vec<IndexRow>>;
     /// Bytes the index points at, per object whose key starts with `prefix`.

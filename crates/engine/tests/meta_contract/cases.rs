@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use picomq_engine::layout::{segment_key, wal_key};
+use picomq_engine::layout::{segment_key, wal_epoch_prefix, wal_key};
 use picomq_engine::meta::{Meta, TokenRecord, Watermark};
 use picomq_engine::wal::format::{
     AppendOp, CreateOp, ForkOrigin, Op, ProducerStamp, Record, RelocateOp, SYSTEM_STREAM,
@@ -164,7 +164,9 @@ async fn snapshot(meta: &Meta, max_id: u64) -> String {
     out += &format!("count {}\n", meta.stream_count().await.unwrap());
     out += &format!(
         "wal rows {:?}\n",
-        meta.rows_in_wal_from("", 1_000).await.unwrap()
+        meta.wal_rows_newest_first("wal/", u64::MAX, 1_000)
+            .await
+            .unwrap()
     );
     out
 }
@@ -977,18 +979,50 @@ pub async fn wal_rows_by_key_range(meta: Meta) {
         .is_empty());
     let limited = meta.rows_in_wal_below(&w2, u64::MAX, 2).await.unwrap();
     assert_eq!(keyed(&limited), expected[..2]);
-    let from = meta.rows_in_wal_from(&w1, 100).await.unwrap();
-    assert_eq!(
-        keyed(&from),
-        [(w1.clone(), 1, 1), (w2.clone(), 1, 2), (w2.clone(), 2, 1)]
-    );
-    // From below `wal/` (and with no bound at all): every WAL row, no segment.
-    let all = meta.rows_in_wal_from("", 100).await.unwrap();
-    assert_eq!(all.len(), 5);
-    assert!(all.iter().all(|r| r.chunk.object_key.starts_with("wal/")));
-    let all_below = meta.rows_in_wal_below("wal0", u64::MAX, 100).await.unwrap();
+    // One log's rows, the newest object first, each object's rows in stream order;
+    // the relocated row is no longer in the WAL.
+    let log = format!("{}/", wal_epoch_prefix(1));
+    let newest = meta
+        .wal_rows_newest_first(&log, u64::MAX, 100)
+        .await
+        .unwrap();
+    let expected = [
+        (w2.clone(), 1, 2),
+        (w2.clone(), 2, 1),
+        (w1.clone(), 1, 1),
+        (w0.clone(), 1, 0),
+        (w0.clone(), 2, 0),
+    ];
+    assert_eq!(keyed(&newest), expected);
+    let limited = meta.wal_rows_newest_first(&log, u64::MAX, 3).await.unwrap();
+    assert_eq!(keyed(&limited), expected[..3]);
+    assert!(meta
+        .wal_rows_newest_first(&log, 10, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // The logs before and after hold none of them; `wal/` holds every log's rows
+    // and no segment's.
+    for other in [
+        wal_epoch_prefix(0),
+        wal_epoch_prefix(10),
+        wal_epoch_prefix(2),
+    ] {
+        let rows = meta
+            .wal_rows_newest_first(&format!("{other}/"), u64::MAX, 100)
+            .await
+            .unwrap();
+        assert!(rows.is_empty(), "{other}: {rows:?}");
+    }
+    let all = meta
+        .wal_rows_newest_first("wal/", u64::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(keyed(&all), expected);
+    let mut all_below = meta.rows_in_wal_below("wal0", u64::MAX, 100).await.unwrap();
+    all_below.sort_by(|a, b| b.chunk.object_key.cmp(&a.chunk.object_key));
     assert_eq!(keyed(&all_below), keyed(&all));
-    let full = &all[0].chunk;
+    let full = &all[3].chunk;
     assert_eq!((full.end, full.byte_range.clone()), (Offset(1), 100..110));
 }
 

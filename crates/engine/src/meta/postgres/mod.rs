@@ -238,16 +238,6 @@ impl PostgresMeta {
             .await?;
         Ok(())
     }
-
-    /// Index rows by `sql` (selecting [`INDEX_COLUMNS`]) with a text and a limit.
-    async fn index_rows(&self, sql: &'static str, key: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        let rows = sqlx::query(sql)
-            .bind(key)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(index_row).collect())
-    }
 }
 
 #[async_trait]
@@ -456,13 +446,21 @@ impl MetaStore for PostgresMeta {
         Ok(rows.iter().map(index_row).collect())
     }
 
-    async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        self.index_rows(
-            "SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= $1 AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT $2",
-            from.max("wal/"),
-            limit,
-        )
-        .await
+    async fn wal_rows_newest_first(
+        &self,
+        log: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>> {
+        let end = prefix_end(log).unwrap_or_else(|| "wal0".into());
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= $1 AND object_key < $2 AND byte_end - byte_start < $3 ORDER BY object_key DESC, stream_id, start_pos LIMIT $4")
+            .bind(log)
+            .bind(end)
+            .bind(smaller_than.min(i64::MAX as u64) as i64)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(index_row).collect())
     }
 
     /// Index rows in the objects `keys`, grouped by object in the order of `keys`:

@@ -290,9 +290,17 @@ impl MetaStore for SqliteMeta {
             .collect())
     }
 
-    async fn rows_in_wal_from(&self, from: &str, limit: u32) -> Result<Vec<IndexRow>> {
-        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= ? AND object_key < 'wal0' ORDER BY object_key, stream_id, start_pos LIMIT ?")
-            .bind(from.max("wal/"))
+    async fn wal_rows_newest_first(
+        &self,
+        log: &str,
+        smaller_than: u64,
+        limit: u32,
+    ) -> Result<Vec<IndexRow>> {
+        let end = format!("{log}\u{10ffff}");
+        let rows = sqlx::query("SELECT stream_id, start_pos, end_pos, object_key, byte_start, byte_end, start_seq, last_ts_ms FROM chunks WHERE object_key >= ? AND object_key < ? AND byte_end - byte_start < ? ORDER BY object_key DESC, stream_id, start_pos LIMIT ?")
+            .bind(log)
+            .bind(end)
+            .bind(smaller_than.min(i64::MAX as u64) as i64)
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
