@@ -85,6 +85,13 @@ pub struct Config {
     /// Compaction's object-store request budget; `None`: the engine's default on a
     /// bucket, unlimited when every store is local (their requests cost nothing).
     pub compaction_requests_per_sec: Option<f64>,
+    /// When a WAL upload may start while others are in flight; `None`: at once
+    /// where the WAL is a local log (syncs back to back), the engine's setting
+    /// (off unless set there) on a bucket.
+    pub wal_overlap: Option<WalOverlap>,
+    /// WAL uploads in flight at once; `None`: 2 where the WAL is a local log, the
+    /// engine's setting on a bucket.
+    pub wal_uploads_in_flight: Option<usize>,
     pub engine: EngineConfig,
     /// The edge's settings (its shutdown signal and tokens are the node's own at
     /// start, whatever is set here).
@@ -116,6 +123,11 @@ pub struct Config {
     pub kafka: Option<picomq_kafka::KafkaConfig>,
 }
 
+/// WAL uploads in flight at once on a local log: two syncs overlap; four gained
+/// the batched appends little more and cost the many-streams shape 5-10% and twice
+/// its p99 (docs/performance.md, "Syncs back to back").
+const LOG_UPLOADS_IN_FLIGHT: usize = 2;
+
 /// Bounds of `--lease`: renewals must fit in it several times over Postgres round
 /// trips, and a dead member's streams wait that long.
 const LEASE_MIN: Duration = Duration::from_secs(1);
@@ -133,6 +145,8 @@ impl Default for Config {
             store_latency: None,
             store_error_rate: None,
             compaction_requests_per_sec: None,
+            wal_overlap: None,
+            wal_uploads_in_flight: None,
             engine: EngineConfig::default(),
             http: HttpConfig::default(),
             server: ServerOptions::default(),
@@ -195,7 +209,11 @@ impl Config {
         let e = &self.engine;
         for (name, v) in [
             ("wal-max-object-bytes", e.wal.flush_bytes_max),
-            ("wal-max-inflight", e.wal.uploads_in_flight_max),
+            (
+                "wal-max-inflight",
+                self.wal_uploads_in_flight
+                    .unwrap_or(e.wal.uploads_in_flight_max),
+            ),
             ("wal-buffer-bytes", e.wal.buffer_bytes_max),
             ("max-append-bytes", e.append_bytes_max),
             ("max-read-bytes", e.read_bytes_max),
@@ -373,7 +391,8 @@ impl Config {
         engine.store_name = picomq_engine::store::name(&self.store_url()?);
         let local = |url: &str| url.starts_with("file:") || url.starts_with("memory:");
         let store_local = local(&self.store_url()?);
-        let local = store_local && self.wal_store.as_deref().is_none_or(local);
+        let wal_local = self.wal_store.as_deref().map_or(store_local, local);
+        let local = store_local && wal_local;
         // WAL rows of a piece's size or more stay in WAL objects for good, where the
         // WAL objects are the data store's: in a bucket an object lives as long as
         // something points into it, but the local log reclaims a file only once
@@ -385,6 +404,21 @@ impl Config {
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
         engine.pack.write_through = !local || self.store_latency.is_some();
+        // A local log syncs each upload: two in flight, the next started at once,
+        // keep the syncs back to back, which a VM serves far faster than spaced
+        // ones (docs/performance.md, "Syncs back to back"). A bucket's PUTs cost
+        // per request: the next waits for 1 MiB or the overlap set.
+        let log = wal_local && self.store_latency.is_none();
+        engine.wal.overlap_after = match self.wal_overlap {
+            Some(overlap) => overlap.after(),
+            None if log => Some(Duration::ZERO),
+            None => engine.wal.overlap_after,
+        };
+        engine.wal.uploads_in_flight_max = match self.wal_uploads_in_flight {
+            Some(n) => n,
+            None if log => LOG_UPLOADS_IN_FLIGHT,
+            None => engine.wal.uploads_in_flight_max,
+        };
         engine.compaction.requests_per_sec = match self.compaction_requests_per_sec {
             Some(rate) => rate,
             // The local store's requests are reads and writes of local files: only
@@ -463,16 +497,51 @@ mod tests {
     }
 
     #[test]
-    fn wal_overlap_is_off_unless_set_and_zero_means_at_once() {
-        let overlap = |store: &str| {
+    fn a_local_log_syncs_back_to_back_and_a_bucket_waits_unless_set() {
+        let wal = |store: &str, overlap: Option<&str>, in_flight: Option<usize>| {
             let config = Config {
                 store: Some(store.into()),
+                wal_overlap: overlap.map(|s| s.parse().unwrap()),
+                wal_uploads_in_flight: in_flight,
                 ..Config::default()
             };
-            config.engine_config().unwrap().wal.overlap_after
+            let wal = config.engine_config().unwrap().wal;
+            (wal.overlap_after, wal.uploads_in_flight_max)
         };
-        assert_eq!(overlap("file:///var/lib/picomq/objects"), None);
-        assert_eq!(overlap("s3://bucket/prefix"), None);
+        let bucket = EngineConfig::default().wal.uploads_in_flight_max;
+        let at_once = Some(Duration::ZERO);
+        assert_eq!(
+            wal("file:///var/lib/picomq/objects", None, None),
+            (at_once, 2)
+        );
+        assert_eq!(wal("memory://", None, None), (at_once, 2));
+        assert_eq!(wal("s3://bucket/prefix", None, None), (None, bucket));
+        assert_eq!(wal("file:///x", Some("off"), Some(4)), (None, 4));
+        assert_eq!(
+            wal("s3://bucket", Some("10ms"), Some(8)),
+            (Some(Duration::from_millis(10)), 8)
+        );
+        // A local store made to answer like a bucket (benchmarks) is one.
+        let slow = Config {
+            store: Some("file:///x".into()),
+            store_latency: Some(Duration::from_millis(20)),
+            ..Config::default()
+        };
+        let slow = slow.engine_config().unwrap().wal;
+        assert_eq!(
+            (slow.overlap_after, slow.uploads_in_flight_max),
+            (None, bucket)
+        );
+        // The WAL on a bucket of its own, the data local: the WAL's store decides.
+        let wal_in_bucket = Config {
+            store: Some("file:///x".into()),
+            wal_store: Some("s3://wal-bucket".into()),
+            ..Config::default()
+        };
+        assert_eq!(
+            wal_in_bucket.engine_config().unwrap().wal.overlap_after,
+            None
+        );
         let set = |s: &str| s.parse::<WalOverlap>().unwrap().after();
         assert_eq!(set("off"), None);
         assert_eq!(set("OFF"), None);

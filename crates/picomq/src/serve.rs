@@ -213,13 +213,13 @@ pub struct ServeArgs {
     /// Largest WAL object, in bytes.
     #[arg(long, env = "PICOMQ_WAL_MAX_OBJECT_BYTES", default_value_t = size(defaults().engine.wal.flush_bytes_max))]
     pub wal_max_object_bytes: Size,
-    /// WAL uploads in flight at once.
-    #[arg(long, env = "PICOMQ_WAL_MAX_INFLIGHT", default_value_t = defaults().engine.wal.uploads_in_flight_max)]
-    pub wal_max_inflight: usize,
+    /// WAL uploads in flight at once [default: 2 on a local disk, 4 on a bucket].
+    #[arg(long, env = "PICOMQ_WAL_MAX_INFLIGHT")]
+    pub wal_max_inflight: Option<usize>,
     /// Start another WAL upload while one is in flight once the newest has run this
-    /// long (e.g. 10ms on S3: lower commit latency for more PUTs; `0`: at once, up to
-    /// 1.4x the batched appends on a local disk, see docs/performance.md), or `off`:
-    /// only once 1 MiB waits [default: off].
+    /// long (e.g. 10ms on S3: lower commit latency for more PUTs; `0`: at once, syncs
+    /// back to back on a local disk, see docs/performance.md), or `off`: only once
+    /// 1 MiB waits [default: 0 on a local disk, off on a bucket].
     #[arg(long, env = "PICOMQ_WAL_OVERLAP_AFTER")]
     pub wal_overlap_after: Option<picomq_node::WalOverlap>,
     /// Accepted-but-not-durable bytes; beyond this appends get 503.
@@ -321,12 +321,10 @@ impl ServeArgs {
         config.store_latency = self.store_latency.map(|d| d.0);
         config.store_error_rate = self.store_error_rate;
         config.shutdown_timeout = self.shutdown_timeout.0;
+        config.wal_overlap = self.wal_overlap_after;
+        config.wal_uploads_in_flight = self.wal_max_inflight;
         let e = &mut config.engine;
         e.wal.flush_bytes_max = self.wal_max_object_bytes.bytes();
-        e.wal.uploads_in_flight_max = self.wal_max_inflight;
-        e.wal.overlap_after = self
-            .wal_overlap_after
-            .and_then(picomq_node::WalOverlap::after);
         e.wal.buffer_bytes_max = self.wal_buffer_bytes.bytes();
         e.wal.max_writes_per_sec = self.max_writes_per_sec;
         e.append_timeout = self.append_timeout.0;
