@@ -1047,16 +1047,24 @@ class Cluster:
         return self.nodes[0].http(*args, **kwargs)
 
     def settle(self, timeout=60):
-        """Waits until three live members share the slots (joining nodes take
-        their share by hand-over, a few seconds after they start)."""
+        """Waits until three live members share all the slots, each at least three
+        quarters of a fair share, and the shares held still for a second (joining
+        nodes take their share by hand-over, a few seconds after they start). A
+        share still moving moves partition leaders under the next test: a client
+        that asked Metadata a moment before is told "not leader"."""
         deadline = time.time() + timeout
+        last = None
         while time.time() < deadline:
             status, body, _ = self.nodes[0].http("GET", "/__picomq/nodes", token=self.admin)
             nodes = json.loads(body)["nodes"] if status == 200 else []
             live = [n for n in nodes if n["state"] == "live" and n["kafka"]]
-            if len(live) == 3 and all(n["slots"] > 200 for n in live):
+            shares = sorted((n["nodeId"], n["slots"]) for n in live)
+            even = (len(shares) == 3 and sum(s for _, s in shares) == 1024
+                    and all(s * 4 >= 1024 // 3 * 3 for _, s in shares))
+            if even and shares == last:
                 return
-            time.sleep(0.2)
+            last = shares if even else None
+            time.sleep(1.0 if even else 0.2)
         raise RuntimeError("the cluster did not settle:\n" + self.tail())
 
     @property
