@@ -746,8 +746,9 @@ const WARM_PACK_BYTES: u64 = 64 << 20;
 /// packer that had fallen behind (the default block cache could not keep more).
 const WARM_WAL_BYTES: u64 = 256 << 20;
 
-/// Index rows the warm-up reads, at most (the newest): 200,000 rows of a few hundred
-/// bytes are far more than `WARM_WAL_BYTES` of a busy log's small chunks.
+/// Index rows the warm-up asks for, at most (the newest): a bound on the query's
+/// memory. With chunks of a few hundred bytes (about 60 MB for 200,000 rows) it
+/// binds before `WARM_WAL_BYTES` does.
 const WARM_ROWS_MAX: u32 = 200_000;
 
 impl std::fmt::Debug for Packer {
