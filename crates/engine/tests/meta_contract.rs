@@ -56,6 +56,7 @@ contract!(
     hard_deletes_remove_every_row,
     relocations_replace_the_rows_of_their_span,
     consecutive_relocations_land_in_order,
+    stale_relocations_lose_no_rows,
     sequence_numbers_land_in_rows,
     relocations_of_deleted_or_trimmed_streams_keep_nothing,
     wal_rows_by_key_range,

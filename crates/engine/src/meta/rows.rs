@@ -5,8 +5,10 @@
 //! text form of a producer stamp (`closed_by`) is here too, so both read and write
 //! the same column.
 
+use std::collections::BTreeMap;
+
 use crate::offset::Offset;
-use crate::wal::format::{AppendOp, CreateOp, Op, ProducerStamp};
+use crate::wal::format::{AppendOp, CreateOp, Op, ProducerStamp, RelocateOp};
 use crate::wal::FlushedChunk;
 
 /// A stream created by the batch: its `streams` row.
@@ -146,4 +148,18 @@ pub(super) fn decode_stamp(s: &str) -> Option<ProducerStamp> {
         epoch,
         seq,
     })
+}
+
+/// Whether a row of `rows` (a stream's, start to end) reaches across an edge of
+/// `r`'s span: then the move is stale, and replacing the rows that start inside
+/// the span would drop what that row holds past the span's end (or leave two rows
+/// over one offset). Offsets never change, so any move whose span holds whole rows
+/// only is safe to apply, in any order: a narrower move that lost the race to a
+/// wider one (the packer on the stream's owner against compaction on the member
+/// holding the maintenance job, each committing through its own log) changes
+/// nothing, and its object is left to garbage collection.
+pub(super) fn straddled(rows: &BTreeMap<u64, u64>, r: &RelocateOp) -> bool {
+    let (s, e) = (r.start.0, r.end.0);
+    let before = rows.range(..s).next_back().is_some_and(|(_, end)| *end > s);
+    before || rows.range(s..e).any(|(_, end)| *end > e)
 }

@@ -866,6 +866,66 @@ pub async fn consecutive_relocations_land_in_order(meta: Meta) {
     }
 }
 
+/// A move that a row reaches across is stale and lands nowhere, in its own batch or
+/// after a wider move in the same one: the packer on a stream's owner and
+/// compaction on another member move the same rows through their own logs, so the
+/// narrower move may come second. Applied, it would replace the wider row and lose
+/// what that row held past its own end.
+pub async fn stale_relocations_lose_no_rows(meta: Meta) {
+    three_rows(&meta, 1, "a").await;
+    let (wide, narrow, across) = (
+        segment_key(2, 3, 0),
+        segment_key(3, 3, 0),
+        segment_key(3, 3, 1),
+    );
+    apply(
+        &meta,
+        &[system(3, vec![relocate(1, (0, 9), &wide, (0, 9), 30)])],
+    )
+    .await;
+    for (seq, stale) in [
+        (4, relocate(1, (0, 3), &narrow, (0, 3), 10)),
+        (5, relocate(1, (3, 6), &across, (0, 3), 20)),
+    ] {
+        apply(&meta, &[system(seq, vec![stale])]).await;
+        assert_eq!(spans(&meta, 1).await, [(0, 9, wide.clone())]);
+    }
+    for key in [&narrow, &across] {
+        assert!(!meta.object_referenced(key).await.unwrap(), "{key}");
+    }
+    // In one batch: the wide move first, then the narrow one (and one reaching past
+    // the wide row's start), as one indexer meets them.
+    three_rows(&meta, 2, "b").await;
+    let (wide2, narrow2, late) = (
+        segment_key(2, 6, 0),
+        segment_key(3, 6, 0),
+        segment_key(3, 6, 1),
+    );
+    let batch = [system(
+        6,
+        vec![
+            relocate(2, (0, 6), &wide2, (0, 6), 20),
+            relocate(2, (3, 6), &narrow2, (0, 3), 20),
+            relocate(2, (3, 9), &late, (0, 6), 30),
+        ],
+    )];
+    for _ in 0..2 {
+        apply(&meta, &batch).await;
+        assert_eq!(
+            spans(&meta, 2).await,
+            [(0, 6, wide2.clone()), (6, 9, wal_key(1, 2))]
+        );
+    }
+    // A move over whole rows still lands, whichever writer made them.
+    let whole = segment_key(3, 7, 0);
+    apply(
+        &meta,
+        &[system(7, vec![relocate(2, (0, 9), &whole, (0, 9), 30)])],
+    )
+    .await;
+    assert_eq!(spans(&meta, 2).await, [(0, 9, whole)]);
+}
+
 pub async fn relocations_of_deleted_or_trimmed_streams_keep_nothing(meta: Meta) {
     three_rows(&meta, 1, "gone").await;
     apply(

@@ -4,13 +4,13 @@
 //! round trips. Idempotent, so replaying an object twice changes nothing. Also the
 //! access-time updates, which are not WAL effects but touch the same rows.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::tokens;
 use crate::error::{EngineError, Result};
-use crate::meta::rows::{encode_stamp, AppendRun, CreateRow, NewChunk};
+use crate::meta::rows::{encode_stamp, straddled, AppendRun, CreateRow, NewChunk};
 use crate::units::parse_rfc3339_ms;
 use crate::wal::format::{Op, RelocateOp};
 use crate::wal::FlushedObject;
@@ -239,7 +239,8 @@ async fn delete(tx: &mut PgConnection, id: i64, soft: bool) -> Result<()> {
 /// rows of its stream that start inside its span (an earlier move's row included)
 /// with one row for its new chunk. A stream deleted since compaction read its rows
 /// keeps nothing (ids are never reused, so the row would dangle), and a span
-/// trimmed away since keeps nothing either. Three statements, whatever the number
+/// trimmed away since keeps nothing either. A move that a row reaches across
+/// (`straddled`) is stale and lands nowhere. Four statements, whatever the number
 /// of moves: one per move was most of the indexer's time while a pack moved
 /// thousands of small streams at once.
 async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
@@ -254,6 +255,31 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
             .iter()
             .map(|row| (row.get::<i64, _>(0) as u64, row.get::<i64, _>(1) as u64))
             .collect();
+    // The rows that may reach into a span: those starting inside it, and the one
+    // before it. Kept up to date move by move, so a move is judged against what
+    // the moves before it in the batch left.
+    let mut near: HashMap<u64, BTreeMap<u64, u64>> = HashMap::new();
+    {
+        let span = |f: fn(&RelocateOp) -> i64| moves.iter().map(|r| f(r)).collect::<Vec<_>>();
+        let found = sqlx::query(concat!(
+            "SELECT c.stream_id, c.start_pos, c.end_pos ",
+            "FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS v(id, s, e) ",
+            "JOIN chunks c ON c.stream_id = v.id AND c.start_pos >= v.s AND c.start_pos < v.e ",
+            "UNION SELECT v.id, p.start_pos, p.end_pos FROM UNNEST($1::bigint[], $2::bigint[]) AS v(id, s) ",
+            "CROSS JOIN LATERAL (SELECT start_pos, end_pos FROM chunks ",
+            "WHERE stream_id = v.id AND start_pos < v.s ORDER BY start_pos DESC LIMIT 1) p"
+        ))
+        .bind(span(|r| r.stream_id as i64))
+        .bind(span(|r| r.start.0 as i64))
+        .bind(span(|r| r.end.0 as i64))
+        .fetch_all(&mut *tx)
+        .await?;
+        for row in found {
+            near.entry(row.get::<i64, _>(0) as u64)
+                .or_default()
+                .insert(row.get::<i64, _>(1) as u64, row.get::<i64, _>(2) as u64);
+        }
+    }
     // The moves that apply, and the rows they leave: per stream, in order.
     let mut spans: Vec<&RelocateOp> = Vec::new();
     let mut rows: HashMap<u64, Vec<&RelocateOp>> = HashMap::new();
@@ -262,6 +288,15 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
             Some(&start) if r.end.0 > start => {}
             _ => continue,
         }
+        let stream = near.entry(r.stream_id).or_default();
+        if straddled(stream, r) {
+            continue;
+        }
+        let inside: Vec<u64> = stream.range(r.start.0..r.end.0).map(|(s, _)| *s).collect();
+        for s in inside {
+            stream.remove(&s);
+        }
+        stream.insert(r.start.0, r.end.0);
         spans.push(r);
         let kept = rows.entry(r.stream_id).or_default();
         kept.retain(|k| k.start != r.start && !(r.start..r.end).contains(&k.start));

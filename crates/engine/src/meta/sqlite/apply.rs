@@ -3,13 +3,13 @@
 //! update per stream per batch. Idempotent, so replaying an object twice changes
 //! nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sqlx::{Row, SqlitePool};
 
 use super::tokens;
 use crate::error::Result;
-use crate::meta::rows::{encode_stamp, AppendRun, CreateRow, NewChunk};
+use crate::meta::rows::{encode_stamp, straddled, AppendRun, CreateRow, NewChunk};
 use crate::wal::format::{Op, RelocateOp};
 use crate::wal::FlushedObject;
 
@@ -137,7 +137,8 @@ async fn delete(tx: &mut sqlx::SqliteConnection, id: i64, soft: bool) -> Result<
 /// give way to one row for the new chunk. A stream deleted since compaction read
 /// its rows keeps nothing (ids are never reused, so the row would dangle), and a
 /// span trimmed away since keeps nothing either (the trim already removed its rows;
-/// a span straddling the start is kept like any straddling row).
+/// a span straddling the start is kept like any straddling row). A move that a
+/// row reaches across is stale and lands nowhere (`straddled`).
 async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()> {
     let start_pos: Option<i64> = sqlx::query("SELECT start_pos FROM streams WHERE id = ?")
         .bind(r.stream_id as i64)
@@ -147,6 +148,24 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
     match start_pos {
         Some(start) if (r.end.0 as i64) > start => {}
         _ => return Ok(()),
+    }
+    // The rows that may reach into the span: those starting inside it, and the one
+    // before it.
+    let near: BTreeMap<u64, u64> = sqlx::query(concat!(
+        "SELECT start_pos, end_pos FROM chunks WHERE stream_id = ?1 AND start_pos >= ?2 AND start_pos < ?3 ",
+        "UNION SELECT * FROM (SELECT start_pos, end_pos FROM chunks WHERE stream_id = ?1 AND start_pos < ?2 ",
+        "ORDER BY start_pos DESC LIMIT 1)"
+    ))
+    .bind(r.stream_id as i64)
+    .bind(r.start.0 as i64)
+    .bind(r.end.0 as i64)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|row| (row.get::<i64, _>(0) as u64, row.get::<i64, _>(1) as u64))
+    .collect();
+    if straddled(&near, r) {
+        return Ok(());
     }
     sqlx::query("DELETE FROM chunks WHERE stream_id = ? AND start_pos >= ? AND start_pos < ?")
         .bind(r.stream_id as i64)
