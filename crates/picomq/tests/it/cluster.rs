@@ -1034,7 +1034,18 @@ async fn background_work_runs_once_per_cluster() {
     .await;
     for (i, expected) in kept.iter().enumerate() {
         for node in &cluster.nodes {
-            let body = support::read_all(&node.client, &format!("/bg/keep{i}")).await;
+            let path = format!("/bg/keep{i}");
+            let r = node.client.get(&format!("{path}?offset=-1")).await.unwrap();
+            if r.status.as_u16() != 200 {
+                panic!(
+                    "read {path} through {}: {} {}\n{}",
+                    node.url,
+                    r.status,
+                    r.text(),
+                    explain_stream(&cluster, &format!("bg/keep{i}")).await
+                );
+            }
+            let body = support::read_all(&node.client, &path).await;
             assert_eq!(
                 String::from_utf8_lossy(&body),
                 *expected,
@@ -1051,6 +1062,38 @@ async fn background_work_runs_once_per_cluster() {
         );
     }
     cluster.shut_down().await;
+}
+
+/// What the metadata holds for stream `name` (its row, its index rows) and what
+/// the nodes logged (without the access log), for a failure message.
+async fn explain_stream(cluster: &TestCluster, name: &str) -> String {
+    let row = cluster
+        .db
+        .scalar(&format!(
+            "SELECT row_to_json(s)::text FROM streams s WHERE name = '{name}'"
+        ))
+        .await;
+    let chunks = cluster
+        .db
+        .scalar(&format!(
+            "SELECT string_agg(row_to_json(c)::text, E'\\n' ORDER BY start_pos) FROM chunks c \
+             WHERE stream_id = (SELECT id FROM streams WHERE name = '{name}')"
+        ))
+        .await;
+    let mut out = format!(
+        "stream row: {row:?}\nindex rows:\n{}\n",
+        chunks.unwrap_or_default()
+    );
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        out.push_str(&format!("--- node {i} ({}) ---\n", node.url));
+        for line in node.log_text().lines() {
+            if !line.contains("picomq::access") {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// The members' admin call (`/__picomq/cluster/admin`, the Kafka listener's topic
