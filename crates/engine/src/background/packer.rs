@@ -772,11 +772,11 @@ mod tests {
         Op::Append(AppendOp {
             start: Offset(start),
             start_seq: start,
-            records: vec![Record::plain(
+            records: std::sync::Arc::new(vec![Record::plain(
                 start,
                 RECORD_BATCH_START,
                 Bytes::from(vec![b'x'; len]),
-            )],
+            )]),
             close: false,
             producer: None,
             stream_seq: None,

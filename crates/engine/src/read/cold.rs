@@ -399,7 +399,7 @@ impl ColdReader {
         for op in ops {
             let Op::Append(a) = op else { continue };
             let mut at = a.start;
-            for record in &a.records {
+            for record in a.records.iter() {
                 if at > pos {
                     return Ok(begins);
                 }
@@ -496,7 +496,10 @@ fn take_records(
     for op in ops {
         let Op::Append(a) = op else { continue };
         let mut pos = a.start;
-        for (i, record) in a.records.into_iter().enumerate() {
+        for (i, record) in std::sync::Arc::unwrap_or_clone(a.records)
+            .into_iter()
+            .enumerate()
+        {
             let len = record.data.len() as u64;
             let (start, end) = (pos, pos.advance(len));
             pos = end;

@@ -48,7 +48,7 @@ impl Service {
         AppendOp {
             start: st.tail,
             start_seq: st.next_seq,
-            records,
+            records: std::sync::Arc::new(records),
             close,
             producer,
             stream_seq,

@@ -660,7 +660,7 @@ pub(crate) mod tests {
         Op::Append(AppendOp {
             start: Offset(start),
             start_seq: start / 3,
-            records: vec![Record::plain(0, 0, Bytes::from_static(b"abc"))],
+            records: std::sync::Arc::new(vec![Record::plain(0, 0, Bytes::from_static(b"abc"))]),
             close: false,
             producer: None,
             stream_seq: None,

@@ -12,6 +12,8 @@
 //! its own (stream id, offsets, producer stamps, lifecycle), so a reader fetches one
 //! stream's bytes with one ranged GET and recovery needs nothing but the objects.
 
+use std::sync::Arc;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::offset::Offset;
@@ -213,7 +215,10 @@ pub struct AppendOp {
     pub start: Offset,
     /// Sequence number of the first record (records are numbered densely per stream).
     pub start_seq: u64,
-    pub records: Vec<Record>,
+    /// Shared, not copied, by everything that holds the op after the WAL (the
+    /// tail cache's listeners, the indexer, the packer's runs): a clone of the op
+    /// is one reference count, whatever the number of records.
+    pub records: Arc<Vec<Record>>,
     pub close: bool,
     pub producer: Option<ProducerStamp>,
     pub stream_seq: Option<String>,
@@ -408,7 +413,7 @@ fn encode_op(out: &mut BytesMut, op: &Op) {
             }
             out.put_u64_le(a.start_seq);
             out.put_u32_le(a.records.len() as u32);
-            for r in &a.records {
+            for r in a.records.iter() {
                 out.put_u64_le(r.ts_ms);
                 debug_assert_eq!(r.flags & RECORD_EXT != 0, r.ext.is_some());
                 out.put_u8(r.flags);
@@ -742,7 +747,7 @@ impl Reader {
                 Ok(Op::Append(AppendOp {
                     start,
                     start_seq,
-                    records,
+                    records: Arc::new(records),
                     close: flags & 1 != 0,
                     producer,
                     stream_seq,
@@ -837,7 +842,7 @@ mod tests {
             Op::Append(AppendOp {
                 start: Offset(0),
                 start_seq: 11,
-                records: vec![
+                records: std::sync::Arc::new(vec![
                     Record::plain(9, RECORD_BATCH_START, Bytes::from_static(b"hello")),
                     Record {
                         ts_ms: 9,
@@ -852,7 +857,7 @@ mod tests {
                             .encode(),
                         ),
                     },
-                ],
+                ]),
                 close: true,
                 producer: Some(ProducerStamp {
                     id: "p".into(),

@@ -36,7 +36,7 @@ fn append(start: u64, bytes: usize, ts_ms: u64) -> AppendOp {
     AppendOp {
         start: Offset(start),
         start_seq: start,
-        records: vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())],
+        records: std::sync::Arc::new(vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())]),
         close: false,
         producer: None,
         stream_seq: None,
@@ -312,7 +312,7 @@ pub async fn appends_fold_into_one_row_per_stream_per_object(meta: Meta) {
     let mut seq = append(3, 2, 20);
     seq.stream_seq = Some("b".into());
     let mut close = append(5, 0, 0);
-    close.records.clear();
+    close.records = Default::default();
     close.close = true;
     apply(
         &meta,
@@ -360,7 +360,7 @@ pub async fn batched_index_writes_match_op_by_op_effects(meta: Meta) {
     let mut second = append(3, 2, 12);
     second.producer = Some(stamp("p", 0, 1));
     let mut closing = append(5, 0, 0);
-    closing.records.clear();
+    closing.records = Default::default();
     closing.close = true;
     closing.producer = Some(stamp("p", 0, 2));
     // 37 streams created and written in one object: 32 + 4 + 1 row groups.
@@ -759,19 +759,19 @@ pub async fn relocations_replace_the_rows_of_their_span(meta: Meta) {
 /// one, a relocation keeps the span's first, and a fork starts from its point's.
 pub async fn sequence_numbers_land_in_rows(meta: Meta) {
     let three = AppendOp {
-        records: vec![
+        records: std::sync::Arc::new(vec![
             Record::plain(10, 1, "a".into()),
             Record::plain(10, 0, "b".into()),
             Record::plain(10, 0, "c".into()),
-        ],
+        ]),
         start_seq: 0,
         ..append(0, 1, 10)
     };
     let two = AppendOp {
-        records: vec![
+        records: std::sync::Arc::new(vec![
             Record::plain(20, 1, "d".into()),
             Record::plain(20, 0, "e".into()),
-        ],
+        ]),
         start_seq: 3,
         ..append(3, 1, 20)
     };

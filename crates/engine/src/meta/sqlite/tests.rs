@@ -21,7 +21,7 @@ fn append(start: u64, bytes: usize, ts_ms: u64) -> AppendOp {
     AppendOp {
         start: Offset(start),
         start_seq: start,
-        records: vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())],
+        records: std::sync::Arc::new(vec![Record::plain(ts_ms, 0, vec![b'x'; bytes].into())]),
         close: false,
         producer: None,
         stream_seq: None,
@@ -301,7 +301,7 @@ async fn batched_index_writes_match_op_by_op_effects() {
     let mut second = append(3, 2, 12);
     second.producer = Some(stamp(1));
     let mut closing = append(5, 0, 0);
-    closing.records.clear();
+    closing.records = Default::default();
     closing.close = true;
     closing.producer = Some(stamp(2));
     // 37 streams created and written in one object: 32 + 4 + 1 row groups.
