@@ -158,8 +158,12 @@ pub(super) fn decode_stamp(s: &str) -> Option<ProducerStamp> {
 /// wider one (the packer on the stream's owner against compaction on the member
 /// holding the maintenance job, each committing through its own log) changes
 /// nothing, and its object is left to garbage collection.
-pub(super) fn straddled(rows: &BTreeMap<u64, u64>, r: &RelocateOp) -> bool {
+/// `rows` maps each row's start to its end and whatever the caller keeps with it.
+pub(super) fn straddled<T>(rows: &BTreeMap<u64, (u64, T)>, r: &RelocateOp) -> bool {
     let (s, e) = (r.start.0, r.end.0);
-    let before = rows.range(..s).next_back().is_some_and(|(_, end)| *end > s);
-    before || rows.range(s..e).any(|(_, end)| *end > e)
+    let before = rows
+        .range(..s)
+        .next_back()
+        .is_some_and(|(_, (end, _))| *end > s);
+    before || rows.range(s..e).any(|(_, (end, _))| *end > e)
 }

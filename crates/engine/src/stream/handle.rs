@@ -554,9 +554,12 @@ impl DurableListener for StreamHandle {
                 | Op::RegistryPut { .. }
                 | Op::RegistryDelete { .. } => {}
                 Op::Append(a) => {
-                    let end = a.end();
+                    // One pass for both: this runs under the stream's lock.
+                    let (len, held) = a.records.iter().fold((0, 0), |(len, held), r| {
+                        (len + r.data.len() as u64, held + r.held_bytes())
+                    });
+                    let end = a.start.advance(len);
                     if !a.records.is_empty() {
-                        let held = a.records.iter().map(Record::held_bytes).sum();
                         st.cache_bytes += held;
                         st.cache.push_back(Cached {
                             start: a.start,

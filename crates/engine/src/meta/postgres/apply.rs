@@ -255,34 +255,33 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
             .iter()
             .map(|row| (row.get::<i64, _>(0) as u64, row.get::<i64, _>(1) as u64))
             .collect();
-    // The rows that may reach into a span: those starting inside it, and the one
-    // before it. Kept up to date move by move, so a move is judged against what
-    // the moves before it in the batch left.
-    let mut near: HashMap<u64, BTreeMap<u64, u64>> = HashMap::new();
-    {
-        let span = |f: fn(&RelocateOp) -> i64| moves.iter().map(|r| f(r)).collect::<Vec<_>>();
-        let found = sqlx::query(concat!(
-            "SELECT c.stream_id, c.start_pos, c.end_pos ",
-            "FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS v(id, s, e) ",
-            "JOIN chunks c ON c.stream_id = v.id AND c.start_pos >= v.s AND c.start_pos < v.e ",
-            "UNION SELECT v.id, p.start_pos, p.end_pos FROM UNNEST($1::bigint[], $2::bigint[]) AS v(id, s) ",
-            "CROSS JOIN LATERAL (SELECT start_pos, end_pos FROM chunks ",
-            "WHERE stream_id = v.id AND start_pos < v.s ORDER BY start_pos DESC LIMIT 1) p"
-        ))
-        .bind(span(|r| r.stream_id as i64))
-        .bind(span(|r| r.start.0 as i64))
-        .bind(span(|r| r.end.0 as i64))
-        .fetch_all(&mut *tx)
-        .await?;
-        for row in found {
-            near.entry(row.get::<i64, _>(0) as u64)
-                .or_default()
-                .insert(row.get::<i64, _>(1) as u64, row.get::<i64, _>(2) as u64);
-        }
+    // The rows that may reach into a span (those starting inside it, and the one
+    // before it), each with the move that made it if one in this batch did. Kept
+    // up to date move by move, so a move is judged against what the moves before
+    // it in the batch left, and what is left of the moves is what gets inserted.
+    let mut near: HashMap<u64, BTreeMap<u64, (u64, Option<&RelocateOp>)>> = HashMap::new();
+    let [ids, from, to] = span_columns(moves);
+    let found = sqlx::query(concat!(
+        "SELECT c.stream_id, c.start_pos, c.end_pos ",
+        "FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS v(id, s, e) ",
+        "JOIN chunks c ON c.stream_id = v.id AND c.start_pos >= v.s AND c.start_pos < v.e ",
+        "UNION SELECT v.id, p.start_pos, p.end_pos FROM UNNEST($1::bigint[], $2::bigint[]) AS v(id, s) ",
+        "CROSS JOIN LATERAL (SELECT start_pos, end_pos FROM chunks ",
+        "WHERE stream_id = v.id AND start_pos < v.s ORDER BY start_pos DESC LIMIT 1) p"
+    ))
+    .bind(ids)
+    .bind(from)
+    .bind(to)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in found {
+        near.entry(row.get::<i64, _>(0) as u64).or_default().insert(
+            row.get::<i64, _>(1) as u64,
+            (row.get::<i64, _>(2) as u64, None),
+        );
     }
-    // The moves that apply, and the rows they leave: per stream, in order.
+    // The moves that apply, in order.
     let mut spans: Vec<&RelocateOp> = Vec::new();
-    let mut rows: HashMap<u64, Vec<&RelocateOp>> = HashMap::new();
     for &r in moves {
         match starts.get(&r.stream_id) {
             Some(&start) if r.end.0 > start => {}
@@ -296,26 +295,27 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
         for s in inside {
             stream.remove(&s);
         }
-        stream.insert(r.start.0, r.end.0);
+        stream.insert(r.start.0, (r.end.0, Some(r)));
         spans.push(r);
-        let kept = rows.entry(r.stream_id).or_default();
-        kept.retain(|k| k.start != r.start && !(r.start..r.end).contains(&k.start));
-        kept.push(r);
     }
     if spans.is_empty() {
         return Ok(());
     }
-    let span = |f: fn(&RelocateOp) -> i64| spans.iter().map(|r| f(r)).collect::<Vec<_>>();
+    let [ids, from, to] = span_columns(&spans);
     sqlx::query(concat!(
         "DELETE FROM chunks c USING UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS v(id, s, e) ",
         "WHERE c.stream_id = v.id AND c.start_pos >= v.s AND c.start_pos < v.e"
     ))
-    .bind(span(|r| r.stream_id as i64))
-    .bind(span(|r| r.start.0 as i64))
-    .bind(span(|r| r.end.0 as i64))
+    .bind(ids)
+    .bind(from)
+    .bind(to)
     .execute(&mut *tx)
     .await?;
-    let mut rows: Vec<&RelocateOp> = rows.into_values().flatten().collect();
+    // The rows the moves leave, per stream in offset order.
+    let mut rows: Vec<&RelocateOp> = near
+        .into_values()
+        .flat_map(|rows| rows.into_values().filter_map(|(_, r)| r))
+        .collect();
     rows.sort_unstable_by_key(|r| (r.stream_id, r.start));
     let column = |f: fn(&RelocateOp) -> i64| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
     sqlx::query(concat!(
@@ -335,6 +335,15 @@ async fn relocate(tx: &mut PgConnection, moves: &[&RelocateOp]) -> Result<()> {
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+/// Stream ids, span starts and span ends of `moves`, as three arrays to bind.
+fn span_columns(moves: &[&RelocateOp]) -> [Vec<i64>; 3] {
+    [
+        moves.iter().map(|r| r.stream_id as i64).collect(),
+        moves.iter().map(|r| r.start.0 as i64).collect(),
+        moves.iter().map(|r| r.end.0 as i64).collect(),
+    ]
 }
 
 /// Rows of a batch not yet written. `flush` writes them in dependency order: new

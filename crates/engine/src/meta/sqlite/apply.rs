@@ -151,7 +151,7 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
     }
     // The rows that may reach into the span: those starting inside it, and the one
     // before it.
-    let near: BTreeMap<u64, u64> = sqlx::query(concat!(
+    let near: BTreeMap<u64, (u64, ())> = sqlx::query(concat!(
         "SELECT start_pos, end_pos FROM chunks WHERE stream_id = ?1 AND start_pos >= ?2 AND start_pos < ?3 ",
         "UNION SELECT * FROM (SELECT start_pos, end_pos FROM chunks WHERE stream_id = ?1 AND start_pos < ?2 ",
         "ORDER BY start_pos DESC LIMIT 1)"
@@ -162,7 +162,7 @@ async fn relocate(tx: &mut sqlx::SqliteConnection, r: &RelocateOp) -> Result<()>
     .fetch_all(&mut *tx)
     .await?
     .iter()
-    .map(|row| (row.get::<i64, _>(0) as u64, row.get::<i64, _>(1) as u64))
+    .map(|row| (row.get::<i64, _>(0) as u64, (row.get::<i64, _>(1) as u64, ())))
     .collect();
     if straddled(&near, r) {
         return Ok(());
