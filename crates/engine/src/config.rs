@@ -188,6 +188,13 @@ pub struct PackConfig {
     /// Off, only the packs of data the cache held under its old place go in (what
     /// a restart's warm-up read back).
     pub write_through: bool,
+    /// A pack object's size, at most (a piece bigger than it is one object of its
+    /// own). A pack is encoded whole in memory before it is written, so this is
+    /// also the packer's memory on top of its buffer while it writes. On a bucket
+    /// a PUT costs per request and packs are as large as compaction's objects; a
+    /// node on a local directory makes them smaller (docs/performance.md,
+    /// "Smaller packs on local disks").
+    pub object_bytes_max: usize,
 }
 
 impl Default for PackConfig {
@@ -200,6 +207,7 @@ impl Default for PackConfig {
             l1_delay: Duration::from_secs(60),
             buffer_bytes_max: 64 << 20,
             write_through: true,
+            object_bytes_max: 64 << 20,
         }
     }
 }

@@ -452,7 +452,8 @@ impl Engine {
         }
         if let Some(interval) = config.pack.interval {
             let packer = self.node.packer.clone();
-            sched.every(Every::writer("pack", interval), move || {
+            let wake = Some(packer.wake());
+            sched.every_or_woken(Every::writer("pack", interval), wake, move || {
                 let packer = packer.clone();
                 async move { packer.pass().await }
             });

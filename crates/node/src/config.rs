@@ -128,6 +128,9 @@ pub struct Config {
 /// its p99 (docs/performance.md, "Syncs back to back").
 const LOG_UPLOADS_IN_FLIGHT: usize = 2;
 
+/// The packer's objects on a local data store (`PackConfig::object_bytes_max`).
+const LOCAL_PACK_BYTES: usize = 8 << 20;
+
 /// Bounds of `--lease`: renewals must fit in it several times over Postgres round
 /// trips, and a dead member's streams wait that long.
 const LEASE_MIN: Duration = Duration::from_secs(1);
@@ -404,6 +407,15 @@ impl Config {
         // reading a local file back costs a copy from the page cache, not a round
         // trip, and a second copy of every pack in memory would cost more.
         engine.pack.write_through = !local || self.store_latency.is_some();
+        // On local disks, where a file costs no request, packs of 8 MiB rather
+        // than 64: a pack is encoded whole before it is written, and a 64 MiB
+        // file's sync shares the disk with the WAL's. Under 1 KiB appends this
+        // took 30 MiB off the peak RSS and half off the append p99
+        // (docs/performance.md). Injected latency stands for a bucket, whose
+        // PUTs cost per request.
+        if store_local && self.store_latency.is_none() {
+            engine.pack.object_bytes_max = LOCAL_PACK_BYTES;
+        }
         // A local log syncs each upload: two in flight, the next started at once,
         // keep the syncs back to back, which a VM serves far faster than spaced
         // ones (docs/performance.md, "Syncs back to back"). A bucket's PUTs cost
@@ -473,6 +485,22 @@ mod tests {
         assert!(through("file:///x", Some("s3://wal"), None));
         // Injected latency stands for a remote store.
         assert!(through("file:///x", None, Some(20)));
+    }
+
+    #[test]
+    fn packs_are_smaller_only_where_a_put_costs_nothing() {
+        let max = |store: &str, latency: Option<u64>| {
+            let config = Config {
+                store: Some(store.into()),
+                store_latency: latency.map(Duration::from_millis),
+                ..Config::default()
+            };
+            config.engine_config().unwrap().pack.object_bytes_max
+        };
+        assert_eq!(max("file:///var/lib/picomq/objects", None), 8 << 20);
+        assert_eq!(max("memory://", None), 8 << 20);
+        assert_eq!(max("s3://bucket/prefix", None), 64 << 20);
+        assert_eq!(max("file:///x", Some(20)), 64 << 20);
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl Recent {
         runs.insert(at, run);
     }
 
+    /// Whether what was just fed took the buffer from under half of `max` to half
+    /// or more: once per filling, not on every feed while it stays there (a pass
+    /// that finds nothing due would otherwise run again after every feed).
+    fn filled_past_half(&self, before: usize, max: usize) -> bool {
+        before < max / 2 && self.bytes >= max / 2
+    }
+
     /// Past `max` bytes, the oldest runs leave memory (each stream's from its front)
     /// until an eighth of `max` is free again; returns the bytes let go. One sort
     /// per shedding, not a scan of every stream per run let go: that was quadratic,
@@ -304,6 +311,10 @@ pub struct Packer {
     recent: Mutex<Recent>,
     /// One pass at a time (the scheduled one and the warm-up's).
     passing: tokio::sync::Mutex<()>,
+    /// Notified when the buffer fills past half its bound: the next pass runs
+    /// then rather than at its interval, so a stream written faster than the
+    /// buffer drains between two ticks is packed before it is shed.
+    wake: Arc<tokio::sync::Notify>,
     pub stats: PackStats,
 }
 
@@ -339,6 +350,7 @@ impl Packer {
             cache,
             recent: Mutex::default(),
             passing: tokio::sync::Mutex::new(()),
+            wake: Arc::default(),
             stats: PackStats::default(),
         }
     }
@@ -349,6 +361,7 @@ impl Packer {
         let now = Instant::now();
         let stays = self.rows_stay();
         let mut recent = self.recent.lock().expect("packer lock");
+        let before = recent.bytes;
         for object in objects {
             let mut any = false;
             for chunk in &object.chunks {
@@ -375,8 +388,16 @@ impl Packer {
                 recent.oldest_unpacked.get_or_insert(now);
             }
         }
+        if recent.filled_past_half(before, self.config.buffer_bytes_max) {
+            self.wake.notify_one();
+        }
         self.shed(&mut recent);
         self.stats.buffered.set(recent.bytes as u64);
+    }
+
+    /// What the scheduler waits on besides the packer's interval (see `wake`).
+    pub fn wake(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
     }
 
     /// Whether a WAL row of this many bytes stays where the WAL wrote it: a row of
@@ -439,8 +460,7 @@ impl Packer {
         let _maintenance = self.compactor.maintenance().lock().await;
         let mut report = PassReport::default();
         let mut relocations = Vec::new();
-        let max = self.compactor.config().object_bytes_max;
-        for object in split(pieces, max) {
+        for object in split(pieces, self.config.object_bytes_max) {
             // Into the cache where a read of the store costs a round trip, and
             // anywhere for what the cache held under its old place.
             let through = self.config.write_through || object.iter().any(|p| p.cached);
@@ -901,6 +921,24 @@ mod tests {
             .flat_map(|(id, runs)| runs.iter().map(move |r| (*id, r.start.0)))
             .collect();
         assert_eq!(left, [(1, 30), (3, 0), (3, 30)]);
+    }
+
+    #[test]
+    fn a_pass_is_asked_for_once_when_the_buffer_fills_past_half() {
+        let now = Instant::now();
+        let mut recent = recent_with(&[(1, 0, 40)], now);
+        let before = recent.bytes;
+        assert!(
+            !recent.filled_past_half(before, 100),
+            "40 of 100 is under half"
+        );
+        let run = run_of([append(40, 20)].iter(), now).unwrap();
+        recent.add(1, run);
+        assert!(recent.filled_past_half(before, 100), "60 of 100, from 40");
+        let before = recent.bytes;
+        let run = run_of([append(60, 20)].iter(), now).unwrap();
+        recent.add(1, run);
+        assert!(!recent.filled_past_half(before, 100), "already past half");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::wal::WalHealth;
@@ -68,7 +68,17 @@ impl Scheduler {
 
     /// Runs `pass` every `every.interval` (the first after one interval) until the
     /// scheduler stops (or, for a writer's pass, the node is fenced).
-    pub fn every<F, Fut>(&self, every: Every, mut pass: F)
+    pub fn every<F, Fut>(&self, every: Every, pass: F)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        self.every_or_woken(every, None, pass)
+    }
+
+    /// [`Scheduler::every`], and also as soon as `wake` is notified (a pass that
+    /// has work before its interval is up: the packer with its buffer half full).
+    pub fn every_or_woken<F, Fut>(&self, every: Every, wake: Option<Arc<Notify>>, mut pass: F)
     where
         F: FnMut() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send,
@@ -82,7 +92,14 @@ impl Scheduler {
         let maintenance = self.maintenance.clone();
         let task = tokio::spawn(async move {
             loop {
-                tokio::time::sleep(jittered(every.interval)).await;
+                let sleep = tokio::time::sleep(jittered(every.interval));
+                match &wake {
+                    Some(wake) => tokio::select! {
+                        _ = sleep => {}
+                        _ = wake.notified() => {}
+                    },
+                    None => sleep.await,
+                }
                 if every.while_writer
                     && matches!(
                         *health.borrow_and_update(),
@@ -179,6 +196,32 @@ mod tests {
         });
         assert!(eventually(|| runs.load(Ordering::SeqCst) >= 3).await);
         drop(health_tx);
+        scheduler.stop();
+    }
+
+    #[tokio::test]
+    async fn a_woken_pass_runs_before_its_interval() {
+        let (_health_tx, health) = watch::channel(WalHealth::Ok);
+        let scheduler = Scheduler::new(health);
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        let wake = Arc::new(Notify::new());
+        scheduler.every_or_woken(
+            Every::writer("pack", Duration::from_secs(3600)),
+            Some(wake.clone()),
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {}
+            },
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "not before its interval");
+        wake.notify_one();
+        assert!(eventually(|| runs.load(Ordering::SeqCst) == 1).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "once per wake");
+        wake.notify_one();
+        assert!(eventually(|| runs.load(Ordering::SeqCst) == 2).await);
         scheduler.stop();
     }
 
