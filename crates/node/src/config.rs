@@ -410,7 +410,7 @@ impl Config {
         // On local disks, where a file costs no request, packs of 8 MiB rather
         // than 64: a pack is encoded whole before it is written, and a 64 MiB
         // file's sync shares the disk with the WAL's. Under 1 KiB appends this
-        // took 30 MiB off the peak RSS and half off the append p99
+        // took 30-50 MiB off the peak RSS and half off the append p99
         // (docs/performance.md). Injected latency stands for a bucket, whose
         // PUTs cost per request.
         if store_local && self.store_latency.is_none() {
