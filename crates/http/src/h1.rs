@@ -70,6 +70,74 @@ const TRAILERS_MAX: usize = 16 * 1024;
 const WRITE_GATHER_MAX: usize = 1024 * 1024;
 /// Slices in one `writev`.
 const IOV_MAX: usize = 64;
+/// Response slices at least this long are sent with `sendfile` when they are a
+/// mapped range of a file; shorter ones cost less to copy than a system call each.
+pub const SENDFILE_FROM: usize = 16 * 1024;
+
+/// Response bytes sent with `sendfile` since the process started
+/// (`picomq_http_sendfile_bytes_total`).
+pub fn sendfile_bytes() -> u64 {
+    SENDFILE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+static SENDFILE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A response slice queued for the socket, and where in a file it lies when the
+/// kernel can send it from there.
+struct Piece {
+    data: Bytes,
+    file: Option<(std::os::fd::RawFd, u64)>,
+}
+
+impl Piece {
+    fn new(data: Bytes) -> Piece {
+        Piece { data, file: None }
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.data.advance(n);
+        if let Some((_, offset)) = &mut self.file {
+            *offset += n as u64;
+        }
+    }
+}
+
+/// `sendfile` of up to `len` bytes of `fd` from `offset` to the socket, when it
+/// can take them. The descriptor is the caller's to keep open (it holds the
+/// mapping that names it).
+fn poll_sendfile(
+    wr: &OwnedWriteHalf,
+    cx: &mut Context<'_>,
+    fd: std::os::fd::RawFd,
+    offset: u64,
+    len: usize,
+) -> Poll<io::Result<usize>> {
+    use std::os::fd::AsRawFd;
+    let sock: &TcpStream = wr.as_ref();
+    loop {
+        ready!(sock.poll_write_ready(cx))?;
+        let sent = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut off = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+            // SAFETY: both descriptors are open (the socket is ours, the file is
+            // held by the mapping the queued slice keeps alive); `off` is a valid
+            // pointer for the call.
+            let n = unsafe { libc::sendfile(sock.as_raw_fd(), fd, &mut off, len) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match sent {
+            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => {
+                SENDFILE_BYTES.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                return Poll::Ready(Ok(n));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+}
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// After closing with an answer: how long, and how many bytes, the client's unread
 /// request is read and dropped.
@@ -81,6 +149,9 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub header_bytes_max: usize,
     pub peer_address: bool,
+    /// Response slices that are mapped ranges of the local store's files go to the
+    /// socket with `sendfile` (`picomq_engine::store::mapped::source`).
+    pub sendfile: bool,
 }
 
 /// How a connection ended.
@@ -113,6 +184,7 @@ where
         deadline: Box::pin(tokio::time::sleep(limits.header_read_timeout)),
         first: true,
         closing: false,
+        sendfile: limits.sendfile,
     };
     if let Next::Http2 = requests(&mut conn, peer, app, limits, draining).await {
         return match conn.reader.take().map(|r| (r.rd.reunite(conn.wr), r.buf)) {
@@ -564,6 +636,8 @@ struct Conn {
     first: bool,
     /// An answer went out that closes the connection.
     closing: bool,
+    /// Mapped file ranges may be sent with `sendfile`; off after it failed once.
+    sendfile: bool,
 }
 
 impl Conn {
@@ -660,6 +734,16 @@ impl Conn {
             }
         }
         false
+    }
+
+    /// A body slice to queue, with its file when it can be sent from there.
+    fn piece(&self, data: Bytes) -> Piece {
+        let file = if self.sendfile && data.len() >= SENDFILE_FROM {
+            picomq_engine::store::mapped::source(&data)
+        } else {
+            None
+        };
+        Piece { data, file }
     }
 
     async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -778,7 +862,7 @@ impl Conn {
         }
 
         let mut head_at = 0usize;
-        let mut pieces: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
+        let mut pieces: std::collections::VecDeque<Piece> = std::collections::VecDeque::new();
         let mut queued = 0usize;
         let mut body_done = bodiless;
         let mut sent = 0u64;
@@ -804,11 +888,11 @@ impl Conn {
                                 let mut line = Vec::with_capacity(18);
                                 crate::digits::push_hex(&mut line, data.len() as u64);
                                 line.extend_from_slice(b"\r\n");
-                                pieces.push_back(Bytes::from(line));
-                                pieces.push_back(data);
-                                pieces.push_back(Bytes::from_static(b"\r\n"));
+                                pieces.push_back(Piece::new(Bytes::from(line)));
+                                pieces.push_back(self.piece(data));
+                                pieces.push_back(Piece::new(Bytes::from_static(b"\r\n")));
                             }
-                            _ => pieces.push_back(data),
+                            _ => pieces.push_back(self.piece(data)),
                         }
                     }
                     Poll::Ready(Some(Err(e))) => {
@@ -817,7 +901,9 @@ impl Conn {
                     Poll::Ready(None) => {
                         body_done = true;
                         match out {
-                            Out::Chunked => pieces.push_back(Bytes::from_static(b"0\r\n\r\n")),
+                            Out::Chunked => {
+                                pieces.push_back(Piece::new(Bytes::from_static(b"0\r\n\r\n")))
+                            }
                             Out::Length(n) if sent != n => {
                                 return Poll::Ready(Err(io::Error::other(
                                     "response body shorter than its length",
@@ -842,6 +928,33 @@ impl Conn {
                 }
                 return Poll::Pending;
             }
+            if head_left.is_empty() && self.sendfile {
+                if let Some(Piece {
+                    data,
+                    file: Some((fd, offset)),
+                }) = pieces.front()
+                {
+                    match ready!(poll_sendfile(&self.wr, cx, *fd, *offset, data.len())) {
+                        Ok(n) => {
+                            let front = pieces.front_mut().expect("a piece was sent");
+                            queued = queued.saturating_sub(n);
+                            if n >= front.data.len() {
+                                pieces.pop_front();
+                            } else {
+                                front.advance(n);
+                            }
+                        }
+                        // Nothing was sent: the bytes are still mapped, so the
+                        // rest of this connection's answers copy them instead
+                        // (a closed socket fails the same way there).
+                        Err(e) => {
+                            tracing::debug!(error = %e, "sendfile failed; copying instead");
+                            self.sendfile = false;
+                        }
+                    }
+                    continue;
+                }
+            }
             let mut iov = [io::IoSlice::new(&[]); IOV_MAX];
             let mut k = 0;
             if !head_left.is_empty() {
@@ -849,7 +962,12 @@ impl Conn {
                 k = 1;
             }
             for piece in pieces.iter().take(IOV_MAX - k) {
-                iov[k] = io::IoSlice::new(piece);
+                // A slice the kernel can send from its file waits for its turn at
+                // the front.
+                if self.sendfile && piece.file.is_some() {
+                    break;
+                }
+                iov[k] = io::IoSlice::new(&piece.data);
                 k += 1;
             }
             let mut n = ready!(Pin::new(&mut self.wr).poll_write_vectored(cx, &iov[..k]))?;
@@ -861,9 +979,9 @@ impl Conn {
             n -= from_head;
             while n > 0 {
                 let front = pieces.front_mut().expect("written bytes were queued");
-                if n >= front.len() {
-                    n -= front.len();
-                    queued = queued.saturating_sub(front.len());
+                if n >= front.data.len() {
+                    n -= front.data.len();
+                    queued = queued.saturating_sub(front.data.len());
                     pieces.pop_front();
                 } else {
                     front.advance(n);

@@ -17,6 +17,10 @@ use crate::app::AppState;
 use crate::auth::{Access, Op, Principal};
 
 static LIVE_READERS: Desc = Desc::gauge("picomq_live_readers", "Open SSE connections.");
+static SENDFILE_BYTES: Desc = Desc::counter(
+    "picomq_http_sendfile_bytes_total",
+    "Response bytes the HTTP/1.1 loop sent from the local store's files with sendfile.",
+);
 
 /// With auth on, only for tokens with the admin scope.
 pub async fn metrics(
@@ -35,6 +39,7 @@ pub async fn metrics(
     app.consumers.groups.export(&mut out).await;
     app.tables.export(&mut out);
     out.value(&LIVE_READERS, &[], app.live_readers.load(Relaxed) as f64);
+    out.value(&SENDFILE_BYTES, &[], crate::h1::sendfile_bytes() as f64);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .header("cache-control", "no-store")

@@ -48,6 +48,9 @@ pub struct ServerOptions {
     /// Plain-TCP HTTP/1.1 connections are served by PicoMQ's own loop (`h1`); off,
     /// by hyper like TLS and HTTP/2 ones.
     pub own_http1: bool,
+    /// On the own loop, mapped ranges of the local store's files are sent with
+    /// `sendfile` instead of copied (`h1`); off, every response byte is copied.
+    pub sendfile: bool,
 }
 
 impl Default for ServerOptions {
@@ -59,6 +62,7 @@ impl Default for ServerOptions {
             tls: None,
             peer_address: false,
             own_http1: true,
+            sendfile: true,
         }
     }
 }
@@ -210,6 +214,7 @@ async fn connection(
                 header_read_timeout: options.header_read_timeout,
                 header_bytes_max: options.header_bytes_max,
                 peer_address: options.peer_address,
+                sendfile: options.sendfile,
             };
             let drain = drains.register();
             let ended =

@@ -131,6 +131,10 @@ pub struct SecurityArgs {
     /// hyper. TLS and HTTP/2 connections are always served by hyper.
     #[arg(long, env = "PICOMQ_HTTP1_SERVER", default_value = "picomq", value_parser = ["picomq", "hyper"])]
     pub http1_server: String,
+    /// Whether the server's own HTTP/1.1 loop sends mapped ranges of the local
+    /// store's files (catch-up reads of packs) with sendfile: on or off.
+    #[arg(long, env = "PICOMQ_HTTP1_SENDFILE", default_value = "on", value_parser = ["on", "off"])]
+    pub http1_sendfile: String,
     /// A request body must arrive within this long, else 408.
     #[arg(long, env = "PICOMQ_BODY_READ_TIMEOUT", default_value_t = human(defaults().http.body_read_timeout))]
     pub body_read_timeout: HumanDuration,
@@ -377,6 +381,7 @@ impl SecurityArgs {
         config.server.header_read_timeout = self.header_read_timeout.0;
         config.server.header_bytes_max = self.max_header_bytes.bytes();
         config.server.own_http1 = self.http1_server == "picomq";
+        config.server.sendfile = self.http1_sendfile == "on";
         config.server.connections_max = self.max_connections;
         Ok(())
     }

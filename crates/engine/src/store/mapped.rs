@@ -14,6 +14,12 @@
 //! its pages live until the last mapping of them is dropped, like an open file.
 //! The WAL log's files, which are reused, are not read through here (`routed`).
 //!
+//! A mapping also keeps its file open (up to [`SOURCES_MAX`] at once) and is listed
+//! by address, so that the HTTP/1.1 loop, finding a response slice inside one
+//! ([`source`]), can have the kernel send the file's range to the socket with
+//! `sendfile`: the page cache's pages go into the socket buffer by reference, and
+//! the copy from user memory is skipped (`docs/performance.md`, "sendfile").
+//!
 //! The mapping is made in a blocking task with `MAP_POPULATE`, so the disk reads
 //! for a range not yet in the page cache happen there and not on a runtime thread
 //! when a reader first touches the bytes.
@@ -23,9 +29,12 @@
 //! returned an error. The same disk holds the WAL log the process trusts for every
 //! acknowledgement, so a failing disk stops the node either way.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::RwLock;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -59,9 +68,58 @@ impl<S: fmt::Display> fmt::Display for MappedFiles<S> {
 }
 
 /// A read-only shared mapping, unmapped when the last `Bytes` slicing it drops.
+/// Listed in [`SOURCES`] while it lives.
 struct Mapping {
     ptr: *mut libc::c_void,
     len: usize,
+    file: Option<std::fs::File>,
+}
+
+/// Every live mapping, by start address: a writer that finds a slice inside one
+/// holding its file open can have the kernel send the file's range to a socket
+/// (`sendfile`) instead of copying the mapped bytes ([`source`]), and a reader can
+/// tell bytes of an immutable local file from others ([`is_mapped`]).
+static SOURCES: RwLock<BTreeMap<usize, Source>> = RwLock::new(BTreeMap::new());
+
+/// Mappings that keep their file open at once; past it a mapping closes its file
+/// as before and its bytes are copied like any others. Each one costs a file
+/// descriptor for as long as a reader holds its bytes.
+pub const SOURCES_MAX: usize = 512;
+static HOLDING_FILES: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Clone, Copy)]
+struct Source {
+    len: usize,
+    fd: Option<RawFd>,
+    /// The file offset of the mapping's first byte.
+    offset: u64,
+}
+
+/// The mapping `bytes` lie in, with their start address in it.
+fn mapping_of(bytes: &Bytes) -> Option<(Source, usize)> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let at = bytes.as_ptr() as usize;
+    let sources = SOURCES.read().unwrap_or_else(|e| e.into_inner());
+    let (&start, src) = sources.range(..=at).next_back()?;
+    (at + bytes.len() <= start + src.len).then_some((*src, at - start))
+}
+
+/// Where in a file `bytes` lie, if they are a slice of a mapping made here that
+/// holds its file open: the file's descriptor and the offset of `bytes[0]`.
+///
+/// The descriptor is valid only while `bytes` (or another slice of the same
+/// mapping) is alive; the caller must use it before dropping them.
+pub fn source(bytes: &Bytes) -> Option<(RawFd, u64)> {
+    let (src, skip) = mapping_of(bytes)?;
+    Some((src.fd?, src.offset + skip as u64))
+}
+
+/// Whether `bytes` are a slice of a mapping made here: bytes of a local file that
+/// is never changed in place (module doc), read straight from the page cache.
+pub fn is_mapped(bytes: &Bytes) -> bool {
+    mapping_of(bytes).is_some()
 }
 
 // SAFETY: the mapping is read-only and never written through; its pages belong to
@@ -78,7 +136,15 @@ impl AsRef<[u8]> for Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned, unmapped once.
+        SOURCES
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(self.ptr as usize));
+        if self.file.is_some() {
+            HOLDING_FILES.fetch_sub(1, Ordering::Relaxed);
+        }
+        // SAFETY: `ptr`/`len` are exactly what mmap returned, unmapped once. The
+        // file closes after this, when the fields drop.
         unsafe {
             libc::munmap(self.ptr, self.len);
         }
@@ -95,8 +161,9 @@ fn page_size() -> u64 {
 }
 
 /// `range` of `file` (which must hold it: the caller checked it against the
-/// file's size) as bytes backed by a mapping of the file.
-fn map_range(file: &std::fs::File, range: Range<u64>) -> std::io::Result<Bytes> {
+/// file's size) as bytes backed by a mapping of the file, which keeps the file
+/// open for [`source`] while fewer than [`SOURCES_MAX`] mappings do.
+fn map_range(file: std::fs::File, range: Range<u64>) -> std::io::Result<Bytes> {
     let start = range.start - range.start % page_size();
     let len = usize::try_from(range.end - start).map_err(std::io::Error::other)?;
     let offset = libc::off_t::try_from(start).map_err(std::io::Error::other)?;
@@ -116,7 +183,29 @@ fn map_range(file: &std::fs::File, range: Range<u64>) -> std::io::Result<Bytes> 
         return Err(std::io::Error::last_os_error());
     }
     let skip = (range.start - start) as usize;
-    Ok(Bytes::from_owner(Mapping { ptr, len }).slice(skip..))
+    let mut mapping = Mapping {
+        ptr,
+        len,
+        file: None,
+    };
+    let held = HOLDING_FILES
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < SOURCES_MAX).then_some(n + 1)
+        })
+        .is_ok();
+    let fd = held.then(|| file.as_raw_fd());
+    if held {
+        mapping.file = Some(file);
+    }
+    SOURCES.write().unwrap_or_else(|e| e.into_inner()).insert(
+        ptr as usize,
+        Source {
+            len,
+            fd,
+            offset: start,
+        },
+    );
+    Ok(Bytes::from_owner(mapping).slice(skip..))
 }
 
 #[async_trait]
@@ -156,7 +245,7 @@ impl<S: ObjectStore> ObjectStore for MappedFiles<S> {
             }
             payload => return Ok(GetResult { payload, ..got }),
         };
-        let mapped = tokio::task::spawn_blocking(move || map_range(&file, range))
+        let mapped = tokio::task::spawn_blocking(move || map_range(file, range))
             .await
             .map_err(|e| object_store::Error::Generic {
                 store: "mapped local files",
@@ -294,6 +383,57 @@ mod tests {
             matches!(missing, Err(object_store::Error::NotFound { .. })),
             "{missing:?}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_mapped_range_names_its_file_and_offset_while_it_lives() {
+        let dir = std::env::temp_dir().join(format!("picomq-mapped-src-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = MappedFiles::new(LocalFileSystem::new_with_prefix(&dir).unwrap());
+        let body: Vec<u8> = (0..777_777u32).map(|i| (i * 7 % 251) as u8).collect();
+        let key = Path::from("packs/p2");
+        store.put(&key, body.clone().into()).await.unwrap();
+        let read_at = |fd: RawFd, offset: u64, len: usize| {
+            let mut buf = vec![0u8; len];
+            // SAFETY: `buf` is writable for `len` bytes; `fd` is open while the
+            // mapped bytes it came from live (the caller holds them).
+            let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), len, offset as libc::off_t) };
+            assert_eq!(n, len as isize);
+            buf
+        };
+        let got = store.get_range(&key, 4097..700_001).await.unwrap();
+        let (fd, offset) = source(&got).expect("a mapped range names its file");
+        assert_eq!(offset, 4097);
+        assert_eq!(read_at(fd, offset, 5000), &got[..5000]);
+        // A slice inside it names its own offset.
+        let inner = got.slice(123_456..200_000);
+        let (fd2, offset2) = source(&inner).unwrap();
+        assert_eq!((fd2, offset2), (fd, 4097 + 123_456));
+        assert_eq!(read_at(fd2, offset2, inner.len()), &inner[..]);
+        // Bytes that are not a mapping name nothing, nor do short ranges, which
+        // are read, not mapped.
+        assert!(is_mapped(&got) && is_mapped(&inner));
+        let copied = Bytes::from(body[..100_000].to_vec());
+        assert!(source(&copied).is_none() && !is_mapped(&copied));
+        let short = store.get_range(&key, 0..10).await.unwrap();
+        assert!(source(&short).is_none() && !is_mapped(&short));
+        // Once the last slice drops, the mapping is no longer listed.
+        let listed = |len: usize, offset: u64| {
+            SOURCES
+                .read()
+                .unwrap()
+                .values()
+                .filter(|s| s.len == len && s.offset == offset)
+                .count()
+        };
+        let len = 700_001 - 4096;
+        assert_eq!(listed(len, 4096), 1);
+        drop(got);
+        assert_eq!(listed(len, 4096), 1, "a slice still holds it");
+        drop(inner);
+        assert_eq!(listed(len, 4096), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
