@@ -31,6 +31,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::time::Instant;
 
 use super::block_cache::BlockCache;
+use super::checked::RecentlyChecked;
 use super::{ReadChunk, RecordMeta};
 use crate::error::{EngineError, Result};
 use crate::meta::{ChunkRow, Meta};
@@ -89,6 +90,8 @@ struct Inner {
     inflight: Mutex<HashMap<(String, u64), Fetch>>,
     /// Objects the warm-up is fetching or about to: done when it has (or gave up).
     warming: Mutex<HashMap<String, Warming>>,
+    /// Chunks of mapped local files whose checksum passed a moment ago.
+    checked: RecentlyChecked,
 }
 
 /// The end of the warm-up's fetch of one object, shared by the readers waiting for it.
@@ -148,6 +151,7 @@ impl ColdReader {
                 stats: ColdStats::default(),
                 inflight: Mutex::default(),
                 warming: Mutex::default(),
+                checked: RecentlyChecked::default(),
             }),
         }
     }
@@ -424,14 +428,27 @@ impl Inner {
         self.stats.reads.inc();
         self.stats.read_bytes.add(bytes.len() as u64);
         let mut intact = true;
+        // A mapped local file's chunk that passed a moment ago is not checksummed
+        // again (`checked`).
+        let local = crate::store::mapped::is_mapped(&bytes);
+        let now = std::time::Instant::now();
         for r in rows {
             let piece = bytes.slice(
                 (r.byte_range.start - range.start) as usize
                     ..(r.byte_range.end - range.start) as usize,
             );
+            let passed = if local && self.checked.recently(&r.object_key, &r.byte_range, now) {
+                true
+            } else {
+                let passed = format::verify_chunk(&piece).is_ok();
+                if local && passed {
+                    self.checked.passed(&r.object_key, &r.byte_range, now);
+                }
+                passed
+            };
             // The cache holds only checked chunks: a hit is not checksummed again. A
             // piece that fails stays out, and its reader meets the error on decoding.
-            if format::verify_chunk(&piece).is_ok() {
+            if passed {
                 self.cache.insert(&r.object_key, r.byte_range.start, piece);
             } else {
                 intact = false;
@@ -627,6 +644,98 @@ mod tests {
             "nothing unchecked in the cache"
         );
         assert!(chunk.decode(&row()).is_err());
+    }
+
+    /// One good chunk of 100 KiB (long enough to be mapped), then 100 KiB of bytes
+    /// that are no chunk: the object and the two ranges.
+    fn good_and_bad() -> (Bytes, std::ops::Range<usize>, std::ops::Range<usize>) {
+        use crate::wal::format::Record;
+        let op = Op::Append(format::AppendOp {
+            start: Offset(0),
+            start_seq: 0,
+            records: Arc::new(vec![Record::plain(
+                1,
+                RECORD_BATCH_START,
+                Bytes::from(vec![7u8; 100 * 1024]),
+            )]),
+            close: false,
+            producer: None,
+            stream_seq: None,
+        });
+        let mut object = bytes::BytesMut::new();
+        let good = format::encode_chunk(&mut object, 1, std::iter::once(&op));
+        let bad = object.len()..object.len() + 100 * 1024;
+        object.extend_from_slice(&vec![3u8; 100 * 1024]);
+        (object.freeze(), good, bad)
+    }
+
+    fn chunk_row(range: std::ops::Range<usize>) -> ChunkRow {
+        ChunkRow {
+            start: Offset(0),
+            end: Offset(100 * 1024),
+            object_key: "packs/p".into(),
+            byte_range: range.start as u64..range.end as u64,
+            start_seq: 0,
+            last_ts_ms: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mapped_local_chunk_is_checksummed_once_a_minute_and_a_bad_one_every_time() {
+        let dir = std::env::temp_dir().join(format!("picomq-cold-checked-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let local = crate::store::open_dir(&dir).unwrap();
+        let (object, good, bad) = good_and_bad();
+        local
+            .put(&Path::from("packs/p"), PutPayload::from(object))
+            .await
+            .unwrap();
+        // A block cache too small for either: every read fetches again.
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let cold = ColdReader::new(local, meta, 1024, 1 << 20);
+        let row = chunk_row;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        for pass in 0..3 {
+            let Ok(chunk) = cold.chunk_bytes(&[row(good.clone())], 0, deadline).await else {
+                panic!("pass {pass}: the good chunk reads");
+            };
+            assert!(crate::store::mapped::is_mapped(&chunk.bytes), "pass {pass}");
+            assert!(chunk.checked, "pass {pass}");
+            assert_eq!(chunk.decode(&row(good.clone())).unwrap().len(), 1);
+            let Ok(chunk) = cold.chunk_bytes(&[row(bad.clone())], 0, deadline).await else {
+                panic!("pass {pass}: the GET itself succeeds");
+            };
+            assert!(!chunk.checked, "pass {pass}: a bad chunk is never trusted");
+            assert!(chunk.decode(&row(bad.clone())).is_err(), "pass {pass}");
+        }
+        assert_eq!(
+            cold.inner.checked.len(),
+            1,
+            "only the good chunk is remembered"
+        );
+        assert_eq!(cold.stats().reads.get(), 6, "every read fetched its window");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn chunks_that_are_not_mapped_are_checksummed_on_every_fetch() {
+        let memory = Arc::new(InMemory::new());
+        let (object, good, _) = good_and_bad();
+        memory
+            .put(&Path::from("packs/p"), PutPayload::from(object))
+            .await
+            .unwrap();
+        let meta = Meta::open("sqlite::memory:").await.unwrap();
+        let cold = ColdReader::new(memory, meta, 1024, 1 << 20);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        for _ in 0..2 {
+            let chunk = cold
+                .chunk_bytes(&[chunk_row(good.clone())], 0, deadline)
+                .await;
+            assert!(chunk.is_ok_and(|c| c.checked && !crate::store::mapped::is_mapped(&c.bytes)));
+        }
+        assert!(cold.inner.checked.is_empty(), "nothing remembered");
+        assert_eq!(cold.stats().reads.get(), 2);
     }
 
     #[tokio::test]

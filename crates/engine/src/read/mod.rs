@@ -4,6 +4,7 @@
 //! service above it; the service decides which stream, which range and when.
 
 pub mod block_cache;
+pub mod checked;
 pub mod cold;
 
 use bytes::Bytes;
