@@ -101,6 +101,23 @@ impl Piece {
     }
 }
 
+/// Sets `TCP_CORK` (best effort: a socket that refuses it is only less efficient).
+fn set_cork(wr: &OwnedWriteHalf, on: bool) {
+    use std::os::fd::AsRawFd;
+    let sock: &TcpStream = wr.as_ref();
+    let v: libc::c_int = on.into();
+    // SAFETY: a valid socket and a pointer to an int of the size given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// `sendfile` of up to `len` bytes of `fd` from `offset` to the socket, when it
 /// can take them. The descriptor is the caller's to keep open (it holds the
 /// mapping that names it).
@@ -866,7 +883,12 @@ impl Conn {
         let mut queued = 0usize;
         let mut body_done = bodiless;
         let mut sent = 0u64;
-        std::future::poll_fn(|cx| loop {
+        // While pieces go out with sendfile the socket is corked, so that the
+        // kernel fills whole segments across the calls (one per record, each
+        // ending on an odd byte of a page); uncorked when the answer is out or
+        // waits for its body.
+        let mut corked = false;
+        let written = std::future::poll_fn(|cx| loop {
             while !body_done && queued < WRITE_GATHER_MAX {
                 match Pin::new(&mut body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
@@ -920,6 +942,10 @@ impl Conn {
                 if body_done {
                     return Poll::Ready(Ok(()));
                 }
+                if corked {
+                    corked = false;
+                    set_cork(&self.wr, false);
+                }
                 if watch_eof && self.client_left(cx) {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionAborted,
@@ -934,6 +960,10 @@ impl Conn {
                     file: Some((fd, offset)),
                 }) = pieces.front()
                 {
+                    if !corked {
+                        corked = true;
+                        set_cork(&self.wr, true);
+                    }
                     match ready!(poll_sendfile(&self.wr, cx, *fd, *offset, data.len())) {
                         Ok(n) => {
                             let front = pieces.front_mut().expect("a piece was sent");
@@ -990,7 +1020,11 @@ impl Conn {
                 }
             }
         })
-        .await?;
+        .await;
+        if corked {
+            set_cork(&self.wr, false);
+        }
+        written?;
         if !keep || matches!(out, Out::UntilClose) {
             self.closing = true;
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut self.wr).await;
