@@ -182,6 +182,9 @@ run() { # TARGET RESTART AGE
   local dir="$WORK/$tag" port base s prefix=$PREFIX metrics_url
   port=$(free_port)
   base="http://127.0.0.1:$port"
+  # A run of the same tag in the same BENCH_WORK starts from nothing, not from the
+  # streams the last one wrote.
+  rm -rf "$dir" "$dir.log"
   mkdir -p "$dir"
   if [ "$target" = cluster ]; then
     start_cluster "$tag" "$dir"
