@@ -24,6 +24,9 @@
 //!   its answer rather than a reset; past that the connection closes.
 //! - Responses with a known length get `content-length`, others are chunked (or, for
 //!   an HTTP/1.0 client, end with the connection). HEAD, 1xx, 204 and 304 carry no body.
+//! - Response slices are written with `writev`, except those of [`SENDFILE_FROM`]
+//!   bytes or more that are mapped ranges of the local store's files: those go with
+//!   `sendfile` of the file's range, the socket corked meanwhile (`--http1-sendfile`).
 //! - Pipelined requests are answered in order. A client that closes its side while
 //!   a GET is answered (a live read waiting for data) ends that request.
 //! - On shutdown an idle connection closes at once; a busy one after its response,
@@ -70,6 +73,12 @@ const TRAILERS_MAX: usize = 16 * 1024;
 const WRITE_GATHER_MAX: usize = 1024 * 1024;
 /// Slices in one `writev`.
 const IOV_MAX: usize = 64;
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// After closing with an answer: how long, and how many bytes, the client's unread
+/// request is read and dropped.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES_MAX: usize = 1 << 20;
+
 /// Response slices at least this long are sent with `sendfile` when they are a
 /// mapped range of a file; shorter ones cost less to copy than a system call each.
 pub const SENDFILE_FROM: usize = 16 * 1024;
@@ -155,11 +164,6 @@ fn poll_sendfile(
         }
     }
 }
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// After closing with an answer: how long, and how many bytes, the client's unread
-/// request is read and dropped.
-const LINGER: Duration = Duration::from_secs(1);
-const LINGER_BYTES_MAX: usize = 1 << 20;
 
 /// What the loop needs from the server around it.
 pub struct Limits {
