@@ -91,7 +91,8 @@ pub struct StorageArgs {
     /// 0 = off.
     #[arg(long, env = "PICOMQ_PACK_DELAY", default_value_t = HumanDuration(engine().pack.l0_delay))]
     pub pack_delay: HumanDuration,
-    /// Memory for recent records awaiting their packs, in bytes.
+    /// Memory for recent records awaiting their packs, in bytes (records and
+    /// their bookkeeping: about 520 bytes an append on top of its records).
     #[arg(long, env = "PICOMQ_PACK_BUFFER_BYTES", default_value_t = Size(engine().pack.buffer_bytes_max as u64))]
     pub pack_buffer_bytes: Size,
     /// How long a catch-up read waits for the object store before it answers with

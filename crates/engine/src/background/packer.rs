@@ -41,7 +41,7 @@ use crate::metrics::{Counter, Desc, Exposition, Gauge, Source};
 use crate::offset::Offset;
 use crate::read::block_cache::BlockCache;
 use crate::read::cold::ColdReader;
-use crate::wal::format::{self, AppendOp, Op, SYSTEM_STREAM};
+use crate::wal::format::{self, AppendOp, Op, Record, SYSTEM_STREAM};
 use crate::wal::FlushedObject;
 
 /// Which level a buffered run has reached.
@@ -58,7 +58,11 @@ struct Run {
     start: Offset,
     end: Offset,
     ops: Vec<Op>,
+    /// Its records' bytes (what pieces are sized by).
     bytes: usize,
+    /// What holding it costs besides those bytes: its ops, their record lists,
+    /// and a piece's copy of each op while a pass writes it ([`bookkeeping`]).
+    extra: usize,
     last_ts_ms: u64,
     level: Level,
     /// When its oldest data entered the buffer.
@@ -67,6 +71,9 @@ struct Run {
     /// them there): its pack goes there too, or readers would miss the cache for
     /// bytes it held a moment before.
     cached: bool,
+    /// A pass is writing it: its pieces hold its records until the pass ends, so
+    /// letting it go would free nothing (see [`Recent::shed`]).
+    writing: bool,
 }
 
 #[derive(Default)]
@@ -78,20 +85,32 @@ struct Recent {
     oldest_unpacked: Option<Instant>,
     /// The next pass writes everything buffered as final (L1) pieces: a stop.
     everything: bool,
+    /// Record bytes let go since the packer last counted them: of runs only in the
+    /// WAL, and of L0 runs.
+    dropped: (usize, usize),
+    /// `bytes` counts each run's bookkeeping besides its records (the node's
+    /// packer: its bound is memory); without, records only (the tests of the
+    /// policies below, in round figures).
+    with_bookkeeping: bool,
 }
 
 impl Recent {
+    /// What a run counts against the bound.
+    fn held(&self, run: &Run) -> usize {
+        run.bytes + if self.with_bookkeeping { run.extra } else { 0 }
+    }
+
     /// A run into its stream's runs, kept in offset order (a restart's warm-up
     /// feeds older runs while new ones come in).
     fn add(&mut self, stream_id: u64, run: Run) {
-        self.bytes += run.bytes;
+        let held = self.held(&run);
         let runs = self.streams.entry(stream_id).or_default();
         let at = runs.partition_point(|r| r.start < run.start);
         if runs.get(at).is_some_and(|r| r.start == run.start) {
-            self.bytes -= run.bytes; // fed twice (warm-up and live): keep one
-            return;
+            return; // fed twice (warm-up and live): keep one
         }
         runs.insert(at, run);
+        self.bytes += held;
     }
 
     /// Whether what was just fed took the buffer from under half of `max` to half
@@ -101,41 +120,68 @@ impl Recent {
         before < max / 2 && self.bytes >= max / 2
     }
 
-    /// Past `max` bytes, the oldest runs leave memory (each stream's from its front)
-    /// until an eighth of `max` is free again; returns the bytes let go. One sort
-    /// per shedding, not a scan of every stream per run let go: that was quadratic,
-    /// and with 100,000 small streams buffered it held the indexer (whose task feeds
-    /// the packer) at 100% of a core for seconds per batch.
+    /// Past `max` bytes, the oldest runs leave memory until an eighth of `max` is
+    /// free again; returns the bytes let go. Runs a pass is writing stay: the
+    /// pass's pieces hold their records until it ends, so dropping them would free
+    /// nothing and only let newer data in past the bound (a pass of a full buffer
+    /// takes long enough for the bound to be held twice over). They leave, or
+    /// become L0 runs that may go, when the pass settles. One sort per shedding,
+    /// not a scan of every stream per run let go: that was quadratic, and with
+    /// 100,000 small streams buffered it held the indexer (whose task feeds the
+    /// packer) at 100% of a core for seconds per batch.
     fn shed(&mut self, max: usize) -> usize {
         if self.bytes <= max {
             return 0;
         }
         let target = max - max / 8;
-        let mut order: Vec<(Instant, u64)> = self
+        let mut order: Vec<(Instant, u64, usize)> = self
             .streams
             .iter()
-            .flat_map(|(id, runs)| runs.iter().map(move |r| (r.since, *id)))
+            .flat_map(|(id, runs)| {
+                runs.iter()
+                    .enumerate()
+                    .filter(|(_, r)| !r.writing)
+                    .map(move |(i, r)| (r.since, *id, i))
+            })
             .collect();
         order.sort_unstable();
-        let mut taken: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut taken: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut freed = 0;
-        for (_, id) in order {
+        for (_, id, i) in order {
             if self.bytes - freed <= target {
                 break;
             }
-            let n = taken.entry(id).or_default();
-            freed += self.streams[&id][*n].bytes;
-            *n += 1;
+            let run = &self.streams[&id][i];
+            freed += self.held(run);
+            match run.level {
+                Level::Wal => self.dropped.0 += run.bytes,
+                Level::L0 => self.dropped.1 += run.bytes,
+            }
+            taken.entry(id).or_default().push(i);
         }
-        for (id, n) in taken {
+        for (id, mut gone) in taken {
+            gone.sort_unstable();
             let runs = self.streams.get_mut(&id).expect("stream present");
-            runs.drain(..n);
+            let mut i = 0;
+            runs.retain(|_| {
+                let keep = gone.binary_search(&i).is_err();
+                i += 1;
+                keep
+            });
             if runs.is_empty() {
                 self.streams.remove(&id);
             }
         }
         self.bytes -= freed;
         freed
+    }
+
+    /// The pass is over (settled, or failed and wrote nothing): every run may be
+    /// let go again.
+    fn unmark(&mut self) {
+        for run in self.streams.values_mut().flatten() {
+            run.writing = false;
+        }
     }
 
     /// What is due now: an L1 piece for each stream with `piece_bytes` buffered or
@@ -155,7 +201,7 @@ impl Recent {
             l0_pieces: 0,
             l1_pieces: 0,
         };
-        for (&id, runs) in &recent.streams {
+        for (&id, runs) in recent.streams.iter_mut() {
             let bytes: usize = runs.iter().map(|r| r.bytes).sum();
             let old = runs
                 .first()
@@ -168,6 +214,7 @@ impl Recent {
                 contiguous_prefix(runs)
             };
             let (pieces, last) = if bytes >= c.piece_bytes || old || everything {
+                runs[..n].iter_mut().for_each(|r| r.writing = true);
                 (pieces_of(id, &runs[..n], max), true)
             } else if l0_due {
                 // Every run still only in the WAL, across gaps (a row that stays in
@@ -180,6 +227,9 @@ impl Recent {
                 if wal.is_empty() {
                     continue;
                 }
+                runs.iter_mut()
+                    .filter(|r| r.level == Level::Wal)
+                    .for_each(|r| r.writing = true);
                 (wal, false)
             } else {
                 continue;
@@ -208,6 +258,8 @@ impl Recent {
     /// took become one L0 run (a whole row, for the L1 piece that follows).
     fn settle(&mut self, done: &[Done]) {
         let recent = self;
+        let with_bookkeeping = recent.with_bookkeeping;
+        let held = |r: Run| r.bytes + if with_bookkeeping { r.extra } else { 0 };
         let mut freed = 0;
         for d in done {
             let Some(runs) = recent.streams.get_mut(&d.stream_id) else {
@@ -216,7 +268,7 @@ impl Recent {
             if d.last {
                 let end = d.spans.last().map_or(Offset::ZERO, |s| s.1);
                 let n = runs.iter().take_while(|r| r.end <= end).count();
-                freed += runs.drain(..n).map(|r| r.bytes).sum::<usize>();
+                freed += runs.drain(..n).map(held).sum::<usize>();
             } else {
                 for &(start, end) in &d.spans {
                     let Some(first) = runs.iter().position(|r| r.start == start) else {
@@ -234,6 +286,8 @@ impl Recent {
             }
         }
         recent.bytes -= freed;
+        // One pass at a time: once it has settled, nothing is being written.
+        recent.unmark();
     }
 }
 
@@ -255,11 +309,11 @@ static FAILURES: Desc = Desc::counter(
 );
 static BUFFERED: Desc = Desc::gauge(
     "picomq_pack_buffered_bytes",
-    "Recent record bytes held in memory for packing.",
+    "Memory held for packing: recent records and each append's bookkeeping.",
 );
 static DROPPED: Desc = Desc::counter(
     "picomq_pack_dropped_bytes_total",
-    "Record bytes let go unpacked because the packer's buffer was full (left to compaction).",
+    "Record bytes let go because the packer's buffer was full, by level (wal: not in a pack yet, left to compaction; l0: in an L0 pack, not rewritten into an L1 piece).",
 );
 
 pub struct PackStats {
@@ -269,7 +323,8 @@ pub struct PackStats {
     pub pieces_l1: Counter,
     pub failures: Counter,
     pub buffered: Gauge,
-    pub dropped: Counter,
+    pub dropped_wal: Counter,
+    pub dropped_l0: Counter,
 }
 
 impl Default for PackStats {
@@ -281,7 +336,8 @@ impl Default for PackStats {
             pieces_l1: Counter::labelled(&PIECES, &[("level", "l1")]),
             failures: Counter::new(&FAILURES),
             buffered: Gauge::new(&BUFFERED),
-            dropped: Counter::new(&DROPPED),
+            dropped_wal: Counter::labelled(&DROPPED, &[("level", "wal")]),
+            dropped_l0: Counter::labelled(&DROPPED, &[("level", "l0")]),
         }
     }
 }
@@ -294,7 +350,8 @@ impl Source for PackStats {
             .counter(&self.pieces_l1)
             .counter(&self.failures)
             .gauge(&self.buffered)
-            .counter(&self.dropped);
+            .counter(&self.dropped_wal)
+            .counter(&self.dropped_l0);
     }
 }
 
@@ -348,7 +405,10 @@ impl Packer {
             meta,
             config,
             cache,
-            recent: Mutex::default(),
+            recent: Mutex::new(Recent {
+                with_bookkeeping: true,
+                ..Recent::default()
+            }),
             passing: tokio::sync::Mutex::new(()),
             wake: Arc::default(),
             stats: PackStats::default(),
@@ -412,8 +472,10 @@ impl Packer {
     /// Past the buffer's bound, the oldest runs leave memory unpacked: their data
     /// stays where it is (WAL or L0) for compaction.
     fn shed(&self, recent: &mut Recent) {
-        let dropped = recent.shed(self.config.buffer_bytes_max);
-        self.stats.dropped.add(dropped as u64);
+        recent.shed(self.config.buffer_bytes_max);
+        let (wal, l0) = std::mem::take(&mut recent.dropped);
+        self.stats.dropped_wal.add(wal as u64);
+        self.stats.dropped_l0.add(l0 as u64);
     }
 
     /// One pass (the scheduler runs it every `interval`): writes a pack if one is
@@ -438,6 +500,7 @@ impl Packer {
                 self.stats.buffered.set(recent.bytes as u64);
             }
             Err(e) => {
+                self.recent.lock().expect("packer lock").unmark();
                 self.stats.failures.inc();
                 tracing::warn!(error = %e, "writing a pack failed; the data stays where it is");
             }
@@ -488,6 +551,7 @@ fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
             continue;
         }
         let bytes: usize = a.records.iter().map(|r| r.data.len()).sum();
+        let extra = bookkeeping(a.records.len());
         let last_ts_ms = a.records.last().map_or(0, |r| r.ts_ms);
         let op = Op::Append(AppendOp {
             start: a.start,
@@ -501,6 +565,7 @@ fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
             Some(r) => {
                 r.end = a.end();
                 r.bytes += bytes;
+                r.extra += extra;
                 r.last_ts_ms = r.last_ts_ms.max(last_ts_ms);
                 r.ops.push(op);
             }
@@ -510,15 +575,31 @@ fn run_of<'a>(ops: impl Iterator<Item = &'a Op>, now: Instant) -> Option<Run> {
                     end: a.end(),
                     ops: vec![op],
                     bytes,
+                    extra,
                     last_ts_ms,
                     level: Level::Wal,
                     since: now,
                     cached: false,
+                    writing: false,
                 })
             }
         }
     }
     run
+}
+
+/// What one buffered append of `records` records holds besides their bytes: the
+/// op in its run and the copy of it in a pass's piece, the shared record list
+/// (its reference-counted header and one `Record` each), and each record's
+/// shared buffer header: 520 bytes for an append of one record (an `Op` is 184),
+/// half again on top of a 1 KiB record, so a bound on record bytes alone let the
+/// packer hold about 1.5 times its bound (docs/compaction.md).
+fn bookkeeping(records: usize) -> usize {
+    const SHARED_HEADER: usize = 32;
+    2 * std::mem::size_of::<Op>()
+        + std::mem::size_of::<Vec<Record>>()
+        + 2 * std::mem::size_of::<usize>()
+        + records * (std::mem::size_of::<Record>() + SHARED_HEADER)
 }
 
 /// How many leading runs follow each other without a gap.
@@ -534,11 +615,13 @@ fn merge(runs: Vec<Run>, level: Level) -> Run {
     for r in iter {
         first.end = r.end;
         first.bytes += r.bytes;
+        first.extra += r.extra;
         first.last_ts_ms = first.last_ts_ms.max(r.last_ts_ms);
         first.ops.extend(r.ops);
         first.cached |= r.cached;
     }
     first.level = level;
+    first.writing = false;
     first
 }
 
@@ -921,6 +1004,87 @@ mod tests {
             .flat_map(|(id, runs)| runs.iter().map(move |r| (*id, r.start.0)))
             .collect();
         assert_eq!(left, [(1, 30), (3, 0), (3, 30)]);
+    }
+
+    #[test]
+    fn runs_a_pass_is_writing_are_not_let_go_and_count_against_the_bound() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        // Stream 1 has a piece's worth (L1); stream 2 is only in the WAL (L0).
+        let mut recent = recent_with(&[(1, 0, 60), (1, 60, 60), (2, 0, 30)], then);
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!((plan.l0_pieces, plan.l1_pieces), (1, 1));
+        // While the pass writes, newer runs come in past the bound of 200.
+        for (id, start) in [(1, 120), (2, 30), (3, 0)] {
+            recent.add(id, run_of([append(start, 40)].iter(), now).unwrap());
+        }
+        assert_eq!(recent.bytes, 270);
+        // The 150 bytes being written cannot go, though they are the oldest: the
+        // newer runs go instead, down to 175 at most.
+        assert_eq!(recent.shed(200), 120);
+        assert_eq!(recent.bytes, 150);
+        let left: Vec<(u64, u64)> = recent
+            .streams
+            .iter()
+            .flat_map(|(id, runs)| runs.iter().map(move |r| (*id, r.start.0)))
+            .collect();
+        assert_eq!(left, [(1, 0), (1, 60), (2, 0)]);
+        // Once it settles, the L1 runs are gone and the L0 run may go.
+        recent.settle(&plan.done);
+        assert_eq!(recent.bytes, 30);
+        assert!(recent.streams.values().flatten().all(|r| !r.writing));
+        assert_eq!(recent.shed(20), 30);
+        assert!(recent.streams.is_empty());
+    }
+
+    #[test]
+    fn the_bound_counts_what_a_run_holds_besides_its_records() {
+        let now = Instant::now();
+        let mut recent = Recent {
+            with_bookkeeping: true,
+            ..Recent::default()
+        };
+        let per_append = 100 + bookkeeping(1);
+        assert!(
+            bookkeeping(1) >= 200,
+            "an op, its copy, its list: {}",
+            bookkeeping(1)
+        );
+        assert!(bookkeeping(10) > bookkeeping(1) + 9 * 80, "and each record");
+        for start in [0, 100, 200] {
+            recent.add(1, run_of([append(start, 100)].iter(), now).unwrap());
+        }
+        assert_eq!(recent.bytes, 3 * per_append);
+        // 300 record bytes fit a bound of 320; what holds them does not, and
+        // each run holds more than the 280 the shedding goes down to.
+        assert_eq!(recent.shed(320), 3 * per_append);
+        assert!(recent.streams.is_empty() && recent.bytes == 0);
+        // The same runs counted as records only stay.
+        let mut plain = recent_with(&[(1, 0, 100), (1, 100, 100), (1, 200, 100)], now);
+        assert_eq!(plain.shed(320), 0);
+    }
+
+    #[test]
+    fn what_is_let_go_is_counted_by_level() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        let mut recent = recent_with(&[(1, 0, 30)], then);
+        let plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        recent.settle(&plan.done);
+        recent.add(2, run_of([append(0, 50)].iter(), now).unwrap());
+        assert_eq!(recent.shed(10), 80);
+        assert_eq!(recent.dropped, (50, 30), "(wal, l0)");
+    }
+
+    #[test]
+    fn a_failed_pass_lets_its_runs_go_again() {
+        let then = Instant::now();
+        let now = then + Duration::from_secs(2);
+        let mut recent = recent_with(&[(1, 0, 60), (1, 60, 60)], then);
+        let _plan = recent.plan(&config(), 1 << 20, now).unwrap();
+        assert_eq!(recent.shed(50), 0, "being written");
+        recent.unmark();
+        assert_eq!(recent.shed(50), 120);
     }
 
     #[test]

@@ -381,19 +381,21 @@ async fn a_restart_under_load_reads_back_exactly_what_was_acknowledged() {
 /// (almost) no store GETs. The warm-up used to stop at half the buffer's record
 /// bytes, oldest packs first, so with a buffer smaller than the packs it never
 /// reached those objects, and each reader paid a GET per WAL chunk (5,035 GETs for
-/// 18,460 records in a release build). The buffer (2 MiB) must still hold the
-/// unpacked tail of the 300 ms pack delay: a buffer that sheds it leaves records in
-/// WAL objects for compaction across the whole load, past the warm-up's window. At
-/// 512 KiB it did on a host that acknowledged 28,000 appends/s here (1,784-12,394
-/// GETs), so the buffer holds twice what that host writes in 300 ms, and the load
-/// runs until the packs written are twice the buffer (the condition above).
+/// 18,460 records in a release build). The buffer must still hold the unpacked
+/// tail of the 300 ms pack delay: a buffer that sheds it leaves records in WAL
+/// objects for compaction across the whole load, past the warm-up's window. At
+/// 512 KiB of records it did on a host that acknowledged 28,000 appends/s here
+/// (1,784-12,394 GETs), so the buffer holds twice what that host writes in 300 ms:
+/// 2 MiB of these ~85-byte records, which with each append's bookkeeping (the
+/// buffer's bound counts it, about 520 bytes an append) is 12 MiB. The load runs
+/// until the packs written hold 4 MiB of records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_a_kill_under_load_the_warm_up_reads_back_the_unpacked_tail() {
     let dir = TempDir::new("cold-reads-warm-tail");
-    const BUFFER: f64 = (2 << 20) as f64;
-    let flags = ["--pack-delay", "300ms", "--pack-buffer-bytes", "2MiB"];
+    const PACKED: f64 = (4 << 20) as f64;
+    let flags = ["--pack-delay", "300ms", "--pack-buffer-bytes", "12MiB"];
     let mut server = Server::start_process(dir.path(), &flags).await;
-    let acked = load_then_stop(&mut server, "kill", 2.0 * BUFFER).await;
+    let acked = load_then_stop(&mut server, "kill", PACKED).await;
     drop(server);
     let server = Server::start_process(dir.path(), &flags).await;
     let before = gets(&server.client).await;
